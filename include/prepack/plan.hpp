@@ -1,0 +1,336 @@
+// prepack/plan.hpp - bin packing of prompt lengths into rows, and the padding baselines.
+//
+// A plan assigns every prompt a row and an offset inside that row; it holds no tokens.
+// Cost: first_fit_decreasing and best_fit_decreasing run in O(n log n) time and allocate
+// O(n) words; the padding plans are O(n). Every planner is deterministic: prompts of equal
+// length are placed in order of their original index, and among equally good rows the lowest
+// index wins.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <numeric>
+#include <optional>
+#include <set>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "detail/checked.hpp"
+#include "error.hpp"
+#include "span.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+
+/// Where each prompt goes. Length is the caller's length type (any integer type).
+template <class Length>
+struct pack_plan {
+  static_assert(std::is_integral_v<Length> && !std::is_same_v<Length, bool>,
+                "lengths must be an integer type");
+  using length_type = Length;
+
+  Length capacity = 0;                  // tokens per row: the width of every row
+  std::vector<Length> length;           // [n_prompts]    tokens of prompt i
+  std::vector<std::size_t> row;         // [n_prompts]    row holding prompt i
+  std::vector<Length> offset;           // [n_prompts]    first slot of prompt i in its row
+  std::vector<Length> fill;             // [n_rows]       tokens used in row r (<= capacity)
+  std::vector<std::size_t> row_begin;   // [n_rows + 1]   row r holds row_prompts[row_begin[r],
+                                        //                row_begin[r + 1])
+  std::vector<std::size_t> row_prompts; // [n_prompts]    prompt ids row by row, in slot order
+
+  std::size_t n_prompts() const noexcept { return length.size(); }
+  std::size_t n_rows() const noexcept { return fill.size(); }
+  /// Tokens that carry a prompt: the sum of all lengths.
+  std::size_t useful_tokens() const noexcept {
+    std::size_t s = 0;
+    for (Length f : fill) s += static_cast<std::size_t>(f);
+    return s;
+  }
+  /// Slots a prefill over this plan computes: n_rows * capacity.
+  std::size_t slots() const noexcept { return n_rows() * static_cast<std::size_t>(capacity); }
+};
+
+/// Which side of a padded row the pad slots go.
+enum class padding_side { left, right };
+
+namespace detail {
+
+template <class T>
+struct type_identity {
+  using type = T;
+};
+// Keeps a parameter out of template argument deduction (std::type_identity_t in C++20).
+template <class T>
+using nondeduced = typename type_identity<T>::type;
+
+struct identity {
+  template <class T>
+  constexpr T&& operator()(T&& v) const noexcept {
+    return std::forward<T>(v);
+  }
+};
+
+// Checks the lengths and the capacity; returns the capacity to use. Throws before any output.
+template <class Length>
+Length checked_capacity(span<const Length> length, std::optional<Length> capacity) {
+  require(!length.empty(), "empty batch: no prompts to plan");
+  Length longest = 0;
+  for (std::size_t i = 0; i < length.size(); ++i) {
+    require(length[i] > 0, "prompt ", i, ": length ", length[i]);
+    longest = std::max(longest, length[i]);
+  }
+  if (!capacity) return longest;
+  require(*capacity > 0, "capacity ", *capacity);
+  for (std::size_t i = 0; i < length.size(); ++i) {
+    require(length[i] <= *capacity, "prompt ", i, ": length ", length[i], " exceeds capacity ",
+            *capacity);
+  }
+  return *capacity;
+}
+
+// Prompt ids by decreasing length, ties by increasing id.
+template <class Length>
+std::vector<std::size_t> decreasing_order(span<const Length> length) {
+  std::vector<std::size_t> order(length.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return length[a] != length[b] ? length[a] > length[b] : a < b;
+  });
+  return order;
+}
+
+// Fills row, offset, fill, row_begin and row_prompts from the row each prompt was given,
+// keeping the order in which prompts were placed.
+template <class Length>
+void finish_plan(pack_plan<Length>& p, const std::vector<std::size_t>& placement_order) {
+  const std::size_t n_rows = p.fill.size();
+  p.row_begin.assign(n_rows + 1, 0);
+  for (std::size_t r : p.row) ++p.row_begin[r + 1];
+  for (std::size_t r = 0; r < n_rows; ++r) p.row_begin[r + 1] += p.row_begin[r];
+  p.row_prompts.assign(p.length.size(), 0);
+  std::vector<std::size_t> cursor(p.row_begin.begin(), p.row_begin.end() - 1);
+  for (std::size_t i : placement_order) p.row_prompts[cursor[p.row[i]]++] = i;
+}
+
+// A max-tree over the free space of n candidate rows (all start empty), answering "the
+// lowest row with at least k free slots" in O(log n).
+template <class Length>
+class first_fit_tree {
+ public:
+  first_fit_tree(std::size_t n, Length capacity) {
+    while (leaves_ < n) leaves_ *= 2;
+    tree_.assign(2 * leaves_, Length{0});
+    for (std::size_t i = 0; i < n; ++i) tree_[leaves_ + i] = capacity;
+    for (std::size_t i = leaves_; i-- > 1;) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  // Lowest row whose free space is >= k; the caller guarantees one exists.
+  std::size_t find(Length k) const {
+    PREPACK_ASSERT(tree_[1] >= k);
+    std::size_t i = 1;
+    while (i < leaves_) i = tree_[2 * i] >= k ? 2 * i : 2 * i + 1;
+    return i - leaves_;
+  }
+  Length free(std::size_t row) const { return tree_[leaves_ + row]; }
+  void set(std::size_t row, Length free) {
+    std::size_t i = leaves_ + row;
+    tree_[i] = free;
+    for (i /= 2; i >= 1; i /= 2) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+
+ private:
+  std::size_t leaves_ = 1;
+  std::vector<Length> tree_;  // [2 * leaves_]  tree_[1] is the root, leaves from tree_[leaves_]
+};
+
+template <class Length>
+pack_plan<Length> start_plan(span<const Length> length, Length capacity) {
+  pack_plan<Length> p;
+  p.capacity = capacity;
+  p.length.assign(length.begin(), length.end());
+  p.row.assign(length.size(), 0);
+  p.offset.assign(length.size(), Length{0});
+  return p;
+}
+
+template <class Range, class Proj>
+auto project_lengths(const Range& items, Proj proj) {
+  using std::begin;
+  using std::end;
+  using Length = std::decay_t<decltype(proj(*begin(items)))>;
+  static_assert(std::is_integral_v<Length>, "the size projection must return an integer");
+  std::vector<Length> out;
+  for (auto it = begin(items); it != end(items); ++it) out.push_back(proj(*it));
+  return out;
+}
+
+}  // namespace detail
+
+/// Packs prompts into rows of `capacity` tokens, first-fit-decreasing: longest prompt first,
+/// each into the lowest row with room. Capacity defaults to the longest prompt.
+/// Throws prepack::error for an empty batch, a length <= 0, a capacity <= 0, or a prompt
+/// longer than the capacity. Rows used are at most 11/9 OPT + 6/9.
+template <class Length>
+pack_plan<Length> first_fit_decreasing(span<const Length> length,
+                                       std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  const Length cap = detail::checked_capacity(length, capacity);
+  pack_plan<Length> p = detail::start_plan(length, cap);
+  const std::vector<std::size_t> order = detail::decreasing_order(length);
+  detail::first_fit_tree<Length> tree(length.size(), cap);
+  std::size_t n_rows = 0;
+  for (std::size_t i : order) {
+    const std::size_t r = tree.find(length[i]);
+    const Length free = tree.free(r);
+    p.row[i] = r;
+    p.offset[i] = static_cast<Length>(cap - free);
+    tree.set(r, static_cast<Length>(free - length[i]));
+    n_rows = std::max(n_rows, r + 1);
+  }
+  p.fill.resize(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) p.fill[r] = static_cast<Length>(cap - tree.free(r));
+  detail::finish_plan(p, order);
+  return p;
+}
+
+/// Packs prompts into rows best-fit-decreasing: longest prompt first, each into the row it
+/// leaves with the least free space (the lowest such row on ties). Same defaults, errors and
+/// bound as first_fit_decreasing.
+template <class Length>
+pack_plan<Length> best_fit_decreasing(span<const Length> length,
+                                      std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  const Length cap = detail::checked_capacity(length, capacity);
+  pack_plan<Length> p = detail::start_plan(length, cap);
+  const std::vector<std::size_t> order = detail::decreasing_order(length);
+  std::set<std::pair<Length, std::size_t>> open;  // (free slots, row) of rows with room
+  for (std::size_t i : order) {
+    auto it = open.lower_bound({length[i], std::size_t{0}});
+    std::size_t r;
+    Length free;
+    if (it == open.end()) {
+      r = p.fill.size();
+      free = cap;
+      p.fill.push_back(Length{0});
+    } else {
+      r = it->second;
+      free = it->first;
+      open.erase(it);
+    }
+    p.row[i] = r;
+    p.offset[i] = p.fill[r];
+    p.fill[r] = static_cast<Length>(p.fill[r] + length[i]);
+    const Length left = static_cast<Length>(free - length[i]);
+    if (left > 0) open.emplace(left, r);
+  }
+  detail::finish_plan(p, order);
+  return p;
+}
+
+/// The padding baseline as a plan: prompt i alone in row i, its pad slots on `side` (left as
+/// Hugging Face pads for generation). Same defaults and errors as first_fit_decreasing.
+template <class Length>
+pack_plan<Length> padded(span<const Length> length, padding_side side = padding_side::left,
+                         std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  const Length cap = detail::checked_capacity(length, capacity);
+  pack_plan<Length> p = detail::start_plan(length, cap);
+  p.fill.assign(length.begin(), length.end());
+  std::vector<std::size_t> order(length.size());
+  for (std::size_t i = 0; i < length.size(); ++i) {
+    order[i] = i;
+    p.row[i] = i;
+    p.offset[i] = side == padding_side::left ? static_cast<Length>(cap - length[i]) : Length{0};
+  }
+  detail::finish_plan(p, order);
+  return p;
+}
+
+/// Overloads for a std::vector of lengths, so the length type is deduced.
+template <class Length>
+pack_plan<Length> first_fit_decreasing(const std::vector<Length>& length,
+                                       std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  return first_fit_decreasing(span<const Length>(length), capacity);
+}
+template <class Length>
+pack_plan<Length> best_fit_decreasing(const std::vector<Length>& length,
+                                      std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  return best_fit_decreasing(span<const Length>(length), capacity);
+}
+template <class Length>
+pack_plan<Length> padded(const std::vector<Length>& length, padding_side side = padding_side::left,
+                         std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  return padded(span<const Length>(length), side, capacity);
+}
+
+/// The planners by name, for code that chooses one at run time.
+enum class packer { first_fit_decreasing, best_fit_decreasing };
+
+template <class Length>
+pack_plan<Length> make_plan(packer kind, span<const Length> length,
+                            std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  return kind == packer::best_fit_decreasing ? best_fit_decreasing(length, capacity)
+                                             : first_fit_decreasing(length, capacity);
+}
+
+template <class Length>
+pack_plan<Length> make_plan(packer kind, const std::vector<Length>& length,
+                            std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  return make_plan(kind, span<const Length>(length), capacity);
+}
+
+/// Plans arbitrary items through a size projection: `size_of(item)` gives an item's length,
+/// whose integer type becomes the plan's length type.
+///   auto p = prepack::make_plan(prepack::packer::first_fit_decreasing, requests,
+///                               [](const request& r) { return r.tokens.size(); });
+template <class Range, class Proj,
+          class Length = std::decay_t<decltype(std::declval<Proj&>()(
+              *std::begin(std::declval<const Range&>())))>>
+pack_plan<Length> make_plan(packer kind, const Range& items, Proj size_of,
+                            std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+  const std::vector<Length> length = detail::project_lengths(items, size_of);
+  return make_plan<Length>(kind, span<const Length>(length), capacity);
+}
+
+/// Splits prompts 0..n-1 into batches of at most `batch_size` in arrival order: the batches a
+/// server forms when it pads whatever arrives. Throws for n == 0 or batch_size == 0.
+inline std::vector<std::vector<std::size_t>> arrival_batches(std::size_t n_prompts,
+                                                             std::size_t batch_size) {
+  detail::require(n_prompts > 0, "empty batch: no prompts to split");
+  detail::require(batch_size > 0, "batch size ", batch_size);
+  std::vector<std::vector<std::size_t>> out;
+  for (std::size_t b = 0; b < n_prompts; b += batch_size) {
+    std::vector<std::size_t> batch;
+    for (std::size_t i = b; i < std::min(n_prompts, b + batch_size); ++i) batch.push_back(i);
+    out.push_back(std::move(batch));
+  }
+  return out;
+}
+
+/// Splits prompts into batches of at most `batch_size` after a stable sort by decreasing
+/// length: the length-sorted padding baseline, whose batches hold prompts of similar length.
+/// Throws for an empty batch, a length <= 0 or batch_size == 0.
+template <class Length>
+std::vector<std::vector<std::size_t>> length_sorted_batches(span<const Length> length,
+                                                            std::size_t batch_size) {
+  detail::checked_capacity(length, std::optional<Length>{});
+  detail::require(batch_size > 0, "batch size ", batch_size);
+  const std::vector<std::size_t> order = detail::decreasing_order(length);
+  std::vector<std::vector<std::size_t>> out;
+  for (std::size_t b = 0; b < order.size(); b += batch_size) {
+    out.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(b),
+                     order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), b + batch_size)));
+  }
+  return out;
+}
+
+/// The lengths of the prompts `ids` picks, in that order (to plan one batch of a dataset).
+/// Throws for an id out of range.
+template <class Length>
+std::vector<Length> select(span<const Length> length, span<const std::size_t> ids) {
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    detail::require(ids[k] < length.size(), "id ", k, ": prompt ", ids[k], " out of range (",
+                    length.size(), " prompts)");
+  }
+  std::vector<Length> out(ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) out[k] = length[ids[k]];
+  return out;
+}
+
+PREPACK_NAMESPACE_END

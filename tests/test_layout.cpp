@@ -1,0 +1,140 @@
+// Tests of prepack/layout.hpp: token, position and segment arrays against their definitions on
+// random plans of every kind; per-row cu_seqlens; index-type limits; inconsistent inputs.
+#include "prepack/layout.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+enum class kind { ffd, bfd, left, right };
+
+prepack::pack_plan<int> plan_of(kind k, const std::vector<int>& len, std::optional<int> cap = {}) {
+  switch (k) {
+    case kind::ffd: return prepack::first_fit_decreasing(len, cap);
+    case kind::bfd: return prepack::best_fit_decreasing(len, cap);
+    case kind::left: return prepack::padded(len, prepack::padding_side::left, cap);
+    case kind::right: return prepack::padded(len, prepack::padding_side::right, cap);
+  }
+  return {};
+}
+
+TEST(Layout, ArraysMatchTheirDefinitionsOnRandomPlans) {
+  std::mt19937_64 rng(99);
+  for (int trial = 0; trial < 600; ++trial) {
+    const auto len = test::random_lengths(rng, 1 + rng() % 40, 1, 1 + static_cast<long long>(rng() % 90));
+    const auto prompts = test::tagged_prompts(len, 1000);
+    const kind k = static_cast<kind>(trial % 4);
+    const auto plan = plan_of(k, len);
+    const auto l = prepack::make_layout(plan, prompts, {/*pad_id=*/1001, /*pad_position=*/1});
+    ASSERT_EQ(l.n_rows, plan.n_rows());
+    ASSERT_EQ(l.width, static_cast<std::size_t>(plan.capacity));
+    ASSERT_EQ(l.n_prompts(), len.size());
+    // Expected arrays built from the plan alone.
+    std::vector<int> tok(l.n_slots(), 1001), pos(l.n_slots(), 1), seg(l.n_slots(), -1);
+    for (std::size_t i = 0; i < len.size(); ++i) {
+      for (int t = 0; t < len[i]; ++t) {
+        const std::size_t s = plan.row[i] * l.width + static_cast<std::size_t>(plan.offset[i] + t);
+        tok[s] = prompts[i][static_cast<std::size_t>(t)];
+        pos[s] = t;
+        seg[s] = static_cast<int>(i);
+      }
+      ASSERT_EQ(l.last_token[i], static_cast<int>(plan.row[i] * l.width) + plan.offset[i] + len[i] - 1);
+      ASSERT_EQ(l.prompt_row[i], static_cast<int>(plan.row[i]));
+      ASSERT_EQ(l.prompt_offset[i], plan.offset[i]);
+      ASSERT_EQ(l.prompt_length[i], len[i]);
+    }
+    ASSERT_EQ(l.tokens, tok);
+    ASSERT_EQ(l.positions, pos);
+    ASSERT_EQ(l.segments, seg);
+    for (std::size_t r = 0; r < l.n_rows; ++r) {
+      const auto cu = l.row_cu(r);
+      const auto ids = l.prompts_in_row(r);
+      ASSERT_EQ(cu.size(), ids.size() + 1);
+      for (std::size_t k2 = 0; k2 < ids.size(); ++k2) {
+        const auto i = static_cast<std::size_t>(ids[k2]);
+        EXPECT_EQ(cu[k2], plan.offset[i]);
+        EXPECT_EQ(cu[k2 + 1] - cu[k2], len[i]);
+      }
+    }
+    EXPECT_NO_THROW(prepack::check_layout(l));
+  }
+}
+
+TEST(Layout, FlatTokensAndPerPromptTokensAgree) {
+  const std::vector<int> len{3, 1, 2};
+  const std::vector<std::int64_t> flat{10, 11, 12, 20, 30, 31};
+  const auto plan = prepack::first_fit_decreasing(len);
+  const auto a = prepack::make_layout(plan, flat);
+  const auto b = prepack::make_layout(plan, std::vector<std::vector<std::int64_t>>{{10, 11, 12}, {20}, {30, 31}});
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.tokens, (std::vector<int>{10, 11, 12, 30, 31, 20}));  // [3] [2 + 1]
+}
+
+TEST(LayoutErrors, TokenCountsAndTypes) {
+  const std::vector<int> len{3, 2};
+  const auto plan = prepack::first_fit_decreasing(len);
+  EXPECT_PREPACK_ERROR(prepack::make_layout(plan, std::vector<int>{1, 2, 3, 4}),
+                       "token count 4 does not match the lengths' total 5");
+  EXPECT_PREPACK_ERROR(prepack::make_layout(plan, std::vector<std::vector<int>>{{1, 2, 3}, {4}}),
+                       "prompt 1: 1 tokens, the plan says length 2");
+  EXPECT_PREPACK_ERROR((prepack::make_layout<std::int8_t>(plan, std::vector<int>{1, 2, 300, 4, 5})),
+                       "token 2: id 300");
+  EXPECT_PREPACK_ERROR((prepack::make_layout<std::int8_t>(plan, std::vector<int>{1, 2, 3, 4, 5},
+                                                          {/*pad_id=*/200, 0})),
+                       "pad id 200");
+}
+
+TEST(LayoutErrors, IndexTypeTooSmallForTheTokenCount) {
+  // 300 prompts of 200 tokens in an int16 layout: 60000 slots > 32767.
+  const std::vector<int> len(300, 200);
+  const auto plan = prepack::first_fit_decreasing(len);
+  const std::vector<int> tokens(60000, 1);
+  EXPECT_PREPACK_ERROR((prepack::make_layout<int, std::int16_t>(plan, tokens)),
+                       "flat slot index 59999 does not fit the int16 index type");
+  EXPECT_NO_THROW((prepack::make_layout<int, std::int32_t>(plan, tokens)));
+}
+
+TEST(LayoutErrors, InconsistentPlansAreRefused) {
+  const std::vector<int> len{2, 1, 1};  // rows {0} {1 2}
+  const std::vector<int> tokens(4, 1);
+  auto plan = prepack::first_fit_decreasing(len);
+  auto p1 = plan;
+  p1.offset[2] = 0;  // on top of prompt 1
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p1, tokens), "row 1: prompt 2 starts at slot 0");
+  auto p0 = plan;
+  p0.offset[2] = 2;
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p0, tokens), "prompt 2: offset 2 + length 1 outside capacity 2");
+  auto p2 = plan;
+  p2.row[0] = 9;
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p2, tokens), "prompt 0: row 9 out of range");
+  auto p3 = plan;
+  p3.row_prompts[1] = p3.row_prompts[0];
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p3, tokens), "listed twice");
+  auto p4 = plan;
+  p4.fill[0] = 1;
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p4, tokens), "fill 1");
+}
+
+TEST(LayoutErrors, CheckLayoutFindsEditedLayouts) {
+  const std::vector<int> len{3, 2, 2};
+  const auto plan = prepack::first_fit_decreasing(len);
+  const auto good = prepack::make_layout(plan, std::vector<int>(7, 1));
+  auto a = good;
+  a.segments[0] = 2;
+  EXPECT_PREPACK_ERROR(prepack::check_layout(a), "prompt 0: slot 0 holds segment 2");
+  auto b = good;
+  b.tokens.pop_back();
+  EXPECT_PREPACK_ERROR(prepack::check_layout(b), "arrays do not hold");
+  auto c = good;
+  c.last_token[1] = 0;
+  EXPECT_PREPACK_ERROR(prepack::check_layout(c), "prompt 1: last token 0");
+}
+
+}  // namespace

@@ -1,0 +1,320 @@
+// Tests of prepack/plan.hpp: the planners' invariants on random instances, equality with naive
+// first-fit / best-fit written here, the FFD bound against a brute-force optimum, baselines,
+// length types, projections and every documented error.
+#include "prepack/plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+using prepack::pack_plan;
+
+// Every prompt placed exactly once, inside its row, rows never overfull nor overlapping, and the
+// per-row tables agree with the per-prompt ones.
+template <class L>
+void expect_valid_plan(const std::vector<L>& len, const pack_plan<L>& p, L capacity) {
+  const std::size_t n = len.size();
+  ASSERT_EQ(p.n_prompts(), n);
+  ASSERT_EQ(p.capacity, capacity);
+  ASSERT_EQ(p.row.size(), n);
+  ASSERT_EQ(p.offset.size(), n);
+  ASSERT_EQ(p.row_begin.size(), p.n_rows() + 1);
+  ASSERT_EQ(p.row_prompts.size(), n);
+  std::vector<std::vector<int>> occupant(p.n_rows(),
+                                         std::vector<int>(static_cast<std::size_t>(capacity), -1));
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(p.length[i], len[i]);
+    ASSERT_LT(p.row[i], p.n_rows());
+    ASSERT_LE(static_cast<long long>(p.offset[i]) + static_cast<long long>(len[i]),
+              static_cast<long long>(capacity));
+    for (L t = 0; t < len[i]; ++t) {
+      int& o = occupant[p.row[i]][static_cast<std::size_t>(p.offset[i] + t)];
+      ASSERT_EQ(o, -1) << "prompt " << i << " overlaps prompt " << o;
+      o = static_cast<int>(i);
+    }
+  }
+  std::vector<int> seen(n, 0);
+  for (std::size_t r = 0; r < p.n_rows(); ++r) {
+    long long used = 0;
+    ASSERT_LT(p.row_begin[r], p.row_begin[r + 1]) << "row " << r << " is empty";
+    for (std::size_t k = p.row_begin[r]; k < p.row_begin[r + 1]; ++k) {
+      const std::size_t i = p.row_prompts[k];
+      ASSERT_EQ(p.row[i], r);
+      ++seen[i];
+      if (k > p.row_begin[r]) {
+        const std::size_t prev = p.row_prompts[k - 1];
+        EXPECT_EQ(p.offset[i], p.offset[prev] + p.length[prev]) << "row " << r << " has a gap";
+      }
+      used += static_cast<long long>(len[i]);
+    }
+    ASSERT_EQ(used, static_cast<long long>(p.fill[r]));
+    ASSERT_LE(used, static_cast<long long>(capacity));
+  }
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "prompt " << i;
+}
+
+// Naive first-fit / best-fit decreasing, O(n * rows): the definitions, written independently.
+struct naive_result {
+  std::vector<std::size_t> row;
+  std::vector<long long> offset;
+  std::size_t n_rows = 0;
+};
+
+naive_result naive_fit_decreasing(const std::vector<int>& len, int cap, bool best) {
+  std::vector<std::size_t> order(len.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return len[a] > len[b]; });
+  std::vector<long long> used;
+  naive_result out{std::vector<std::size_t>(len.size()), std::vector<long long>(len.size()), 0};
+  for (std::size_t i : order) {
+    std::size_t chosen = used.size();
+    for (std::size_t r = 0; r < used.size(); ++r) {
+      if (used[r] + len[i] > cap) continue;
+      if (!best) {
+        chosen = r;
+        break;
+      }
+      if (chosen == used.size() || used[r] > used[chosen]) chosen = r;
+    }
+    if (chosen == used.size()) used.push_back(0);
+    out.row[i] = chosen;
+    out.offset[i] = used[chosen];
+    used[chosen] += len[i];
+  }
+  out.n_rows = used.size();
+  return out;
+}
+
+// Exact minimum number of bins, by branch and bound over items in decreasing order.
+std::size_t optimum_rows(std::vector<int> len, int cap) {
+  std::sort(len.rbegin(), len.rend());
+  std::size_t best = len.size();
+  std::vector<int> bins;
+  std::function<void(std::size_t)> go = [&](std::size_t k) {
+    if (bins.size() >= best) return;
+    if (k == len.size()) {
+      best = bins.size();
+      return;
+    }
+    for (std::size_t b = 0; b < bins.size(); ++b) {
+      if (bins[b] + len[k] > cap) continue;
+      bool dup = false;  // skip bins with the same load as an earlier one: same subtree
+      for (std::size_t c = 0; c < b; ++c) dup = dup || bins[c] == bins[b];
+      if (dup) continue;
+      bins[b] += len[k];
+      go(k + 1);
+      bins[b] -= len[k];
+    }
+    bins.push_back(len[k]);
+    go(k + 1);
+    bins.pop_back();
+  };
+  go(0);
+  return best;
+}
+
+TEST(Plan, RandomInstancesAreValidAndMatchNaiveFitDecreasing) {
+  std::mt19937_64 rng(2024);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const std::size_t n = 1 + rng() % 120;
+    const int hi = 1 + static_cast<int>(rng() % 300);
+    auto len = test::random_lengths(rng, n, 1, hi);
+    const int longest = *std::max_element(len.begin(), len.end());
+    const bool larger = trial % 3 == 0;
+    const int cap = larger ? longest + static_cast<int>(rng() % 200) : longest;
+    const std::optional<int> given = larger ? std::optional<int>(cap) : std::nullopt;
+    for (bool best : {false, true}) {
+      const auto p = best ? prepack::best_fit_decreasing(len, given)
+                          : prepack::first_fit_decreasing(len, given);
+      expect_valid_plan(len, p, cap);
+      const naive_result ref = naive_fit_decreasing(len, cap, best);
+      ASSERT_EQ(p.n_rows(), ref.n_rows) << "trial " << trial << (best ? " bfd" : " ffd");
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(p.row[i], ref.row[i]) << "trial " << trial << " prompt " << i;
+        ASSERT_EQ(p.offset[i], ref.offset[i]) << "trial " << trial << " prompt " << i;
+      }
+    }
+  }
+}
+
+TEST(Plan, HeavyTailedInstancesAreValid) {
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    auto len = test::heavy_tailed_lengths(rng, 1 + rng() % 2000, 2048);
+    const int cap = *std::max_element(len.begin(), len.end());
+    expect_valid_plan(len, prepack::first_fit_decreasing(len), cap);
+    expect_valid_plan(len, prepack::best_fit_decreasing(len), cap);
+  }
+}
+
+TEST(Plan, FitDecreasingWithinBoundOfBruteForceOptimum) {
+  std::mt19937_64 rng(11);
+  int strictly_worse = 0;
+  for (int trial = 0; trial < 1500; ++trial) {
+    const std::size_t n = 1 + rng() % 11;
+    const int cap = 2 + static_cast<int>(rng() % 30);
+    auto len = test::random_lengths(rng, n, 1, cap);
+    const std::size_t opt = optimum_rows(len, cap);
+    for (bool best : {false, true}) {
+      const auto p = best ? prepack::best_fit_decreasing(len, std::optional<int>(cap))
+                          : prepack::first_fit_decreasing(len, std::optional<int>(cap));
+      ASSERT_GE(p.n_rows(), opt);
+      // 9 * rows <= 11 * OPT + 6 (Dosa, 2007), in integers.
+      ASSERT_LE(9 * p.n_rows(), 11 * opt + 6)
+          << "trial " << trial << ": " << p.n_rows() << " rows, optimum " << opt;
+      strictly_worse += p.n_rows() > opt ? 1 : 0;
+    }
+  }
+  // The brute force must disagree sometimes, or it is not testing anything.
+  EXPECT_GT(strictly_worse, 0);
+}
+
+TEST(Plan, KnownWorstCaseForFirstFitDecreasing) {
+  // Classic instance: OPT = 2 rows of 60, FFD needs 3 ({31 25 ...}).
+  const std::vector<int> len{31, 26, 25, 19, 19, 20};
+  const std::size_t opt = optimum_rows(len, 70);
+  const auto p = prepack::first_fit_decreasing(len, std::optional<int>(70));
+  EXPECT_LE(9 * p.n_rows(), 11 * opt + 6);
+  EXPECT_EQ(opt, 2u);
+  EXPECT_EQ(p.n_rows(), 3u);  // 31+26 | 25+20+19 | 19, worked by hand
+}
+
+TEST(Plan, CapacityDefaultsToLongestPrompt) {
+  const std::vector<int> len{5, 3, 9, 1};
+  EXPECT_EQ(prepack::first_fit_decreasing(len).capacity, 9);
+  EXPECT_EQ(prepack::best_fit_decreasing(len).capacity, 9);
+  EXPECT_EQ(prepack::padded(len).capacity, 9);
+  EXPECT_EQ(prepack::first_fit_decreasing(len, 40).n_rows(), 1u);
+}
+
+TEST(Plan, EqualLengthsKeepArrivalOrderAndPlansAreDeterministic) {
+  const std::vector<int> len(10, 4);
+  const auto p = prepack::first_fit_decreasing(len, 12);
+  ASSERT_EQ(p.n_rows(), 4u);
+  for (std::size_t k = 0; k < 10; ++k) EXPECT_EQ(p.row_prompts[k], k);
+  std::mt19937_64 rng(3);
+  auto r = test::random_lengths(rng, 500, 1, 64);
+  const auto a = prepack::best_fit_decreasing(r), b = prepack::best_fit_decreasing(r);
+  EXPECT_EQ(a.row, b.row);
+  EXPECT_EQ(a.offset, b.offset);
+}
+
+TEST(Plan, PaddedPlansPutOnePromptPerRow) {
+  const std::vector<int> len{3, 7, 1};
+  const auto left = prepack::padded(len, prepack::padding_side::left);
+  const auto right = prepack::padded(len, prepack::padding_side::right);
+  expect_valid_plan(len, left, 7);
+  expect_valid_plan(len, right, 7);
+  for (std::size_t i = 0; i < len.size(); ++i) {
+    EXPECT_EQ(left.row[i], i);
+    EXPECT_EQ(left.offset[i], 7 - len[i]);
+    EXPECT_EQ(right.offset[i], 0);
+  }
+  EXPECT_EQ(left.slots(), 21u);
+  EXPECT_EQ(left.useful_tokens(), 11u);
+}
+
+TEST(Plan, BatchFormers) {
+  const auto a = prepack::arrival_batches(7, 3);
+  ASSERT_EQ(a.size(), 3u);
+  EXPECT_EQ(a[0], (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(a[2], (std::vector<std::size_t>{6}));
+  const std::vector<int> len{2, 9, 4, 9, 1};
+  const auto s = prepack::length_sorted_batches(prepack::span<const int>(len), 2);
+  ASSERT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[0], (std::vector<std::size_t>{1, 3}));
+  EXPECT_EQ(s[1], (std::vector<std::size_t>{2, 0}));
+  EXPECT_EQ(s[2], (std::vector<std::size_t>{4}));
+  const std::vector<std::size_t> ids{3, 4};
+  EXPECT_EQ(prepack::select(prepack::span<const int>(len), prepack::span<const std::size_t>(ids)),
+            (std::vector<int>{9, 1}));
+  EXPECT_PREPACK_ERROR(prepack::arrival_batches(0, 3), "empty batch");
+  EXPECT_PREPACK_ERROR(prepack::arrival_batches(3, 0), "batch size 0");
+  const std::vector<std::size_t> bad{5};
+  EXPECT_PREPACK_ERROR(
+      prepack::select(prepack::span<const int>(len), prepack::span<const std::size_t>(bad)),
+      "prompt 5 out of range");
+}
+
+struct request {
+  std::string name;
+  std::vector<int> tokens;
+};
+
+TEST(Plan, ArbitraryItemsThroughAProjection) {
+  std::vector<request> reqs{{"a", std::vector<int>(5)}, {"b", std::vector<int>(2)},
+                            {"c", std::vector<int>(3)}};
+  const auto p = prepack::make_plan(prepack::packer::first_fit_decreasing, reqs,
+                                    [](const request& r) { return r.tokens.size(); });
+  static_assert(std::is_same_v<decltype(p)::length_type, std::size_t>);
+  EXPECT_EQ(p.capacity, 5u);
+  EXPECT_EQ(p.n_rows(), 2u);
+  EXPECT_EQ(p.row[1], p.row[2]);
+}
+
+template <class L>
+class PlanLengthTypes : public ::testing::Test {};
+using length_types = ::testing::Types<std::int8_t, std::uint8_t, std::int16_t, std::uint16_t,
+                                      std::int32_t, std::uint32_t, std::int64_t, std::uint64_t>;
+TYPED_TEST_SUITE(PlanLengthTypes, length_types);
+
+TYPED_TEST(PlanLengthTypes, PlansAreValidAtTheTypesLimits) {
+  using L = TypeParam;
+  std::mt19937_64 rng(5);
+  const long long max = static_cast<long long>(std::min<unsigned long long>(
+      static_cast<unsigned long long>(std::numeric_limits<L>::max()), 1ull << 40));
+  for (int trial = 0; trial < 200; ++trial) {
+    auto len = test::random_lengths<L>(rng, 1 + rng() % 50, 1, max);
+    const L cap = std::numeric_limits<L>::max();  // a capacity at the type's maximum
+    // Occupancy checks need small capacities; check the big ones through the naive rows count.
+    const auto p = prepack::first_fit_decreasing(len, cap);
+    const auto b = prepack::best_fit_decreasing(len, cap);
+    ASSERT_EQ(p.capacity, cap);
+    for (const auto* plan : {&p, &b}) {
+      for (std::size_t i = 0; i < len.size(); ++i) {
+        ASSERT_LE(static_cast<unsigned long long>(plan->offset[i]),
+                  static_cast<unsigned long long>(cap - len[i]));
+      }
+      unsigned long long total = 0;
+      for (L f : plan->fill) total += static_cast<unsigned long long>(f);
+      unsigned long long want = 0;
+      for (L v : len) want += static_cast<unsigned long long>(v);
+      ASSERT_EQ(total, want);
+    }
+  }
+  if (max <= 300) {
+    auto len = test::random_lengths<L>(rng, 40, 1, max);
+    const L longest = *std::max_element(len.begin(), len.end());
+    expect_valid_plan(len, prepack::first_fit_decreasing(len), longest);
+  }
+}
+
+TEST(PlanErrors, NameTheOffendingPromptAndValue) {
+  EXPECT_PREPACK_ERROR(prepack::first_fit_decreasing(std::vector<int>{}), "empty batch");
+  EXPECT_PREPACK_ERROR(prepack::first_fit_decreasing(std::vector<int>{3, 4, 5, 6, 7, 8, 9, 0}),
+                       "prompt 7: length 0");
+  EXPECT_PREPACK_ERROR(prepack::best_fit_decreasing(std::vector<int>{3, -2}),
+                       "prompt 1: length -2");
+  EXPECT_PREPACK_ERROR(prepack::first_fit_decreasing(std::vector<int>{3}, 0), "capacity 0");
+  EXPECT_PREPACK_ERROR(prepack::first_fit_decreasing(std::vector<int>{3}, -5), "capacity -5");
+  EXPECT_PREPACK_ERROR(prepack::best_fit_decreasing(std::vector<int>{3, 9}, 8),
+                       "prompt 1: length 9 exceeds capacity 8");
+  EXPECT_PREPACK_ERROR(prepack::padded(std::vector<std::int8_t>{3, -1}), "prompt 1: length -1");
+  EXPECT_PREPACK_ERROR(prepack::length_sorted_batches(prepack::span<const int>(), 4),
+                       "empty batch");
+}
+
+}  // namespace

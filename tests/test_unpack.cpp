@@ -1,0 +1,326 @@
+// Tests of prepack/unpack.hpp: tagged data round-trips exactly through every destination kind
+// and every source order; nothing outside the destinations' real slots is written; every bad
+// input throws before writing.
+#include "prepack/unpack.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common.hpp"
+#include "prepack/plan.hpp"
+
+namespace {
+
+constexpr int kSentinel = -7;
+
+// A value that names prompt i, token t, head h, dim d.
+template <class T>
+T code(std::size_t i, std::size_t t, std::size_t h, std::size_t d) {
+  return static_cast<T>(((i * 1000 + t) * 8 + h) * 16 + d);
+}
+
+struct fixture {
+  prepack::packed_layout<> layout;
+  std::size_t n_heads = 0, head_dim = 0;
+};
+
+fixture random_fixture(std::mt19937_64& rng, int trial) {
+  const auto len = test::random_lengths(rng, 1 + rng() % 15, 1, 1 + static_cast<long long>(rng() % 40));
+  const auto plan = trial % 3 == 0 ? prepack::padded(len, prepack::padding_side::right)
+                                   : trial % 3 == 1 ? prepack::first_fit_decreasing(len)
+                                                    : prepack::best_fit_decreasing(len, 60);
+  fixture f;
+  f.layout = prepack::make_layout(plan, test::tagged_prompts(len, 100));
+  f.n_heads = 1 + rng() % 4;
+  f.head_dim = 1 + rng() % 9;
+  return f;
+}
+
+// The packed tensor in the given order: code(i, t, h, d) at prompt slots, sentinel on pads.
+template <class T>
+std::vector<T> packed_source(const fixture& f, prepack::kv_order order) {
+  const auto& l = f.layout;
+  std::vector<T> buf(l.n_slots() * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
+  auto v = prepack::packed_view(buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
+  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
+      for (std::size_t h = 0; h < f.n_heads; ++h) {
+        for (std::size_t d = 0; d < f.head_dim; ++d) {
+          v(static_cast<std::size_t>(l.prompt_row[i]), static_cast<std::size_t>(l.prompt_offset[i]) + t, h, d) =
+              code<T>(i, t, h, d);
+        }
+      }
+    }
+  }
+  return buf;
+}
+
+template <class T>
+class Unpack : public ::testing::Test {};
+using element_types = ::testing::Types<float, double, std::int32_t, std::int16_t>;
+TYPED_TEST_SUITE(Unpack, element_types);
+
+TYPED_TEST(Unpack, PerPromptBuffersRoundTrip) {
+  using T = TypeParam;
+  std::mt19937_64 rng(31);
+  for (int trial = 0; trial < 200; ++trial) {
+    const fixture f = random_fixture(rng, trial);
+    const auto& l = f.layout;
+    for (auto order : {prepack::kv_order::row_head_slot_dim, prepack::kv_order::row_slot_head_dim}) {
+      const auto src_buf = packed_source<T>(f, order);
+      const auto src = prepack::packed_view(src_buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
+      for (bool head_major : {false, true}) {
+        const std::size_t spare = trial % 4;  // capacity beyond the prompt, must stay untouched
+        std::vector<std::vector<T>> bufs(l.n_prompts());
+        std::vector<prepack::tensor_view<T, 3>> dst;
+        for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+          const std::size_t cap = static_cast<std::size_t>(l.prompt_length[i]) + spare;
+          bufs[i].assign(cap * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
+          dst.push_back(prepack::prompt_view(bufs[i].data(), head_major, cap, f.n_heads, f.head_dim));
+        }
+        prepack::unpack_prompts(l, src, dst);
+        for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+          for (std::size_t t = 0; t < dst[i].extent[0]; ++t) {
+            for (std::size_t h = 0; h < f.n_heads; ++h) {
+              for (std::size_t d = 0; d < f.head_dim; ++d) {
+                const T want = t < static_cast<std::size_t>(l.prompt_length[i]) ? code<T>(i, t, h, d)
+                                                                               : static_cast<T>(kSentinel);
+                ASSERT_EQ(dst[i](t, h, d), want) << "prompt " << i << " t " << t;
+              }
+            }
+          }
+        }
+      }
+      const auto contiguous = prepack::unpack_contiguous(l, src);
+      for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+        for (std::size_t k = 0; k < contiguous[i].size(); ++k) {
+          const std::size_t d = k % f.head_dim, h = (k / f.head_dim) % f.n_heads,
+                            t = k / (f.head_dim * f.n_heads);
+          ASSERT_EQ(contiguous[i][k], code<T>(i, t, h, d));
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(Unpack, LeftPaddedBatchRoundTrips) {
+  using T = TypeParam;
+  std::mt19937_64 rng(37);
+  for (int trial = 0; trial < 200; ++trial) {
+    const fixture f = random_fixture(rng, trial);
+    const auto& l = f.layout;
+    const auto src_buf = packed_source<T>(f, prepack::kv_order::row_head_slot_dim);
+    const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_head_slot_dim,
+                                          l.n_rows, l.width, f.n_heads, f.head_dim);
+    const std::size_t longest = static_cast<std::size_t>(
+        *std::max_element(l.prompt_length.begin(), l.prompt_length.end()));
+    const std::size_t width = longest + trial % 3;
+    std::vector<T> buf(l.n_prompts() * width * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
+    // (prompt, slot, head, dim) over a [prompt][head][slot][dim] buffer.
+    prepack::tensor_view<T, 4> dst{buf.data(),
+                                   {l.n_prompts(), width, f.n_heads, f.head_dim},
+                                   {f.n_heads * width * f.head_dim, f.head_dim, width * f.head_dim, 1}};
+    prepack::unpack_left_padded(l, src, dst);
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      const std::size_t pad = width - static_cast<std::size_t>(l.prompt_length[i]);
+      for (std::size_t s = 0; s < width; ++s) {
+        for (std::size_t h = 0; h < f.n_heads; ++h) {
+          for (std::size_t d = 0; d < f.head_dim; ++d) {
+            const T want = s < pad ? static_cast<T>(kSentinel) : code<T>(i, s - pad, h, d);
+            ASSERT_EQ(dst(i, s, h, d), want);
+          }
+        }
+      }
+    }
+  }
+}
+
+TYPED_TEST(Unpack, PagedPoolRoundTrips) {
+  using T = TypeParam;
+  std::mt19937_64 rng(41);
+  for (int trial = 0; trial < 200; ++trial) {
+    const fixture f = random_fixture(rng, trial);
+    const auto& l = f.layout;
+    const auto src_buf = packed_source<T>(f, prepack::kv_order::row_slot_head_dim);
+    const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_slot_head_dim,
+                                          l.n_rows, l.width, f.n_heads, f.head_dim);
+    const std::size_t block_size = 1 + rng() % 8;
+    std::size_t need = 0, most = 0;
+    for (auto len : l.prompt_length) {
+      const std::size_t b = (static_cast<std::size_t>(len) + block_size - 1) / block_size;
+      need += b;
+      most = std::max(most, b);
+    }
+    const std::size_t n_blocks = need + rng() % 5;
+    std::vector<int> ids(n_blocks);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const std::size_t max_blocks = most + 1;
+    std::vector<int> table(l.n_prompts() * max_blocks, -1);  // unused entries stay -1
+    std::size_t next = 0;
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      const std::size_t b = (static_cast<std::size_t>(l.prompt_length[i]) + block_size - 1) / block_size;
+      for (std::size_t k = 0; k < b; ++k) table[i * max_blocks + k] = ids[next++];
+    }
+    std::vector<T> pool_buf(n_blocks * block_size * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
+    // vLLM's value cache order: [n_blocks][n_heads][block_size][head_dim].
+    prepack::tensor_view<T, 4> pool{pool_buf.data(),
+                                    {n_blocks, block_size, f.n_heads, f.head_dim},
+                                    {f.n_heads * block_size * f.head_dim, f.head_dim, block_size * f.head_dim, 1}};
+    const auto tv = prepack::contiguous_view<const int, 2>(table.data(), {l.n_prompts(), max_blocks});
+    prepack::unpack_paged(l, src, pool, tv);
+    // Read every element of the pool: each is either the sentinel or exactly one token's value.
+    std::size_t written = 0;
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
+        const auto blk = static_cast<std::size_t>(table[i * max_blocks + t / block_size]);
+        for (std::size_t h = 0; h < f.n_heads; ++h) {
+          for (std::size_t d = 0; d < f.head_dim; ++d) {
+            ASSERT_EQ(pool(blk, t % block_size, h, d), code<T>(i, t, h, d));
+            ++written;
+          }
+        }
+      }
+    }
+    const auto untouched = static_cast<std::size_t>(
+        std::count(pool_buf.begin(), pool_buf.end(), static_cast<T>(kSentinel)));
+    ASSERT_EQ(untouched + written, pool_buf.size()) << "something outside the prompts was written";
+  }
+}
+
+TYPED_TEST(Unpack, GatherLastRows) {
+  using T = TypeParam;
+  std::mt19937_64 rng(43);
+  for (int trial = 0; trial < 100; ++trial) {
+    const fixture f = random_fixture(rng, trial);
+    const auto& l = f.layout;
+    const std::size_t features = f.n_heads * f.head_dim;
+    // (flat slot, feature): the feature is the code of the slot's token.
+    std::vector<T> src(l.n_slots() * features, static_cast<T>(kSentinel));
+    for (std::size_t s = 0; s < l.n_slots(); ++s) {
+      if (l.segments[s] < 0) continue;
+      for (std::size_t x = 0; x < features; ++x) {
+        src[s * features + x] = code<T>(static_cast<std::size_t>(l.segments[s]),
+                                        static_cast<std::size_t>(l.positions[s]), 0, x);
+      }
+    }
+    std::vector<T> out(l.n_prompts() * features, static_cast<T>(kSentinel));
+    prepack::gather_last(l, prepack::contiguous_view<const T, 2>(src.data(), {l.n_slots(), features}),
+                         prepack::contiguous_view<T, 2>(out.data(), {l.n_prompts(), features}));
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      for (std::size_t x = 0; x < features; ++x) {
+        ASSERT_EQ(out[i * features + x],
+                  code<T>(i, static_cast<std::size_t>(l.prompt_length[i]) - 1, 0, x));
+      }
+    }
+  }
+}
+
+// ---- bad input: every case throws, and the destination is untouched ----
+
+struct bad_input : ::testing::Test {
+  std::vector<int> len{5, 3, 2};
+  prepack::packed_layout<> l = prepack::make_layout(prepack::first_fit_decreasing(len),
+                                                    std::vector<int>(10, 1));
+  std::size_t heads = 2, dim = 3;
+  std::vector<float> src_buf = std::vector<float>(l.n_slots() * heads * dim, 1.0f);
+  prepack::tensor_view<const float, 4> src = prepack::packed_view<const float>(
+      src_buf.data(), prepack::kv_order::row_head_slot_dim, l.n_rows, l.width, heads, dim);
+  std::vector<float> dst_buf = std::vector<float>(1000, 9.0f);
+
+  void expect_untouched() { EXPECT_EQ(dst_buf, std::vector<float>(1000, 9.0f)); }
+  std::vector<prepack::tensor_view<float, 3>> prompt_views(std::size_t cap) {
+    std::vector<prepack::tensor_view<float, 3>> v;
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      v.push_back(prepack::prompt_view(dst_buf.data() + i * 100, true, cap, heads, dim));
+    }
+    return v;
+  }
+};
+
+TEST_F(bad_input, SourceFromAnotherBatch) {
+  auto other = src;
+  other.extent[0] = l.n_rows + 1;
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, other, prompt_views(5)), "another batch");
+  expect_untouched();
+}
+
+TEST_F(bad_input, PromptDestinationTooShort) {
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, prompt_views(4)),
+                       "prompt 0: destination holds 4 positions, length is 5");
+  auto views = prompt_views(5);
+  views.pop_back();
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, views), "2 views for 3 prompts");
+  expect_untouched();
+}
+
+TEST_F(bad_input, HeadsOrDimsDiffer) {
+  auto views = prompt_views(5);
+  views[1].extent[2] = dim + 1;
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, views), "heads x");
+  expect_untouched();
+}
+
+TEST_F(bad_input, OverlappingStridesAndBuffers) {
+  auto views = prompt_views(5);
+  views[2].stride[0] = 0;  // every position on the same element
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, views), "overlapping strides");
+  auto shared = prompt_views(5);
+  shared[1].data = shared[0].data + 3;  // two prompts in one buffer
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, shared), "overlap in memory");
+  prepack::tensor_view<float, 4> batch{dst_buf.data(), {3, 5, heads, dim}, {30, 3, 1, 1}};
+  EXPECT_PREPACK_ERROR(prepack::unpack_left_padded(l, src, batch), "overlapping strides");
+  expect_untouched();
+}
+
+TEST_F(bad_input, LeftPaddedTooSmall) {
+  auto batch = prepack::contiguous_view<float, 4>(dst_buf.data(), {3, 4, heads, dim});
+  EXPECT_PREPACK_ERROR(prepack::unpack_left_padded(l, src, batch),
+                       "prompt 0: length 5 exceeds the destination's 4 slots");
+  auto few = prepack::contiguous_view<float, 4>(dst_buf.data(), {2, 5, heads, dim});
+  EXPECT_PREPACK_ERROR(prepack::unpack_left_padded(l, src, few), "2 rows for 3 prompts");
+  expect_untouched();
+}
+
+TEST_F(bad_input, BlockTables) {
+  auto pool = prepack::contiguous_view<float, 4>(dst_buf.data(), {6, 2, heads, dim});
+  const std::vector<int> ok{0, 1, 2, 3, 4, -1, 5, -1, -1};  // 3 + 2 + 1 blocks of 2
+  EXPECT_NO_THROW(prepack::unpack_paged(l, src, pool,
+                                        prepack::contiguous_view<const int, 2>(ok.data(), {3, 3})));
+  std::fill(dst_buf.begin(), dst_buf.end(), 9.0f);
+  const std::vector<int> dup{0, 1, 2, 3, 1, -1, 5, -1, -1};
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(dup.data(), {3, 3})),
+                       "prompt 1: block 1 is already used by prompt 0");
+  const std::vector<int> range{0, 1, 2, 3, 4, -1, 6, -1, -1};
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(range.data(), {3, 3})),
+                       "prompt 2: block_table[2][0] = 6 outside 0..5");
+  const std::vector<int> neg{0, 1, -3, 3, 4, -1, 5, -1, -1};
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(neg.data(), {3, 3})),
+                       "block_table[0][2] = -3");
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {3, 2})),
+                       "prompt 0: length 5 needs 3 blocks of 2, the block table has 2");
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {2, 3})),
+                       "block table: 2 rows for 3 prompts");
+  expect_untouched();
+}
+
+TEST_F(bad_input, GatherLast) {
+  std::vector<float> flat(l.n_slots() * 4, 1.0f);
+  const auto s = prepack::contiguous_view<const float, 2>(flat.data(), {l.n_slots(), 4});
+  EXPECT_PREPACK_ERROR(prepack::gather_last(l, s, prepack::contiguous_view<float, 2>(dst_buf.data(), {2, 4})),
+                       "2 rows for 3 prompts");
+  EXPECT_PREPACK_ERROR(prepack::gather_last(l, s, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 5})),
+                       "5 features, the source has 4");
+  auto wrong = s;
+  wrong.extent[0] -= 1;
+  EXPECT_PREPACK_ERROR(prepack::gather_last(l, wrong, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 4})),
+                       "another batch");
+  expect_untouched();
+}
+
+}  // namespace
