@@ -17,9 +17,9 @@
     try {                                                                                  \
       stmt;                                                                                \
       ADD_FAILURE() << "expected prepack::error containing \"" << (needle) << "\"";       \
-    } catch (const prepack::error& e) {                                                    \
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos)                     \
-          << "message: " << e.what() << "\nexpected to contain: " << (needle);            \
+    } catch (const prepack::error& err_) {                                                 \
+      EXPECT_NE(std::string(err_.what()).find(needle), std::string::npos)                     \
+          << "message: " << err_.what() << "\nexpected to contain: " << (needle);            \
     }                                                                                      \
   } while (0)
 

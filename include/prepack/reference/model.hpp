@@ -1,0 +1,517 @@
+// prepack/reference/model.hpp - the clean reference kernel: a Llama-family decoder on the CPU
+// (Eigen, fp32) that prefills a packed or padded batch in one pass, emits the packed KV cache
+// and every prompt's last-token logits, and decodes greedily from per-prompt caches.
+//
+// Written to be read top to bottom and to prove prepacking exact, not to rival production
+// kernels. Hugging Face conventions: token embedding; per layer RMSNorm -> Q, K, V projections
+// -> RoPE (rotate-half) -> grouped-query attention -> output projection -> residual -> RMSNorm
+// -> SwiGLU MLP -> residual; final RMSNorm; LM head. Weights are [in][out] (the transpose of
+// torch.nn.Linear.weight). Linear layers are GEMMs over all slots of the batch; attention and the
+// GEMMs use n_threads threads (OpenMP, when the build has it).
+//
+// Cost of prefill over a layout of S = n_rows * width slots: S * per-token linear FLOPs, plus
+// attention of n_rows * width^2 (dense path) or sum(length^2) (segment path) per head and layer.
+// Memory: the KV cache (2 * n_layers * S * kv_dim floats), activations (S * (3 hidden + 2 q_dim
+// + 2 ffn) floats), the dense mask (n_rows * width^2 floats, dense path only) and per-thread
+// score scratch; prefill_result::memory reports each.
+#pragma once
+
+#include <Eigen/Core>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "../error.hpp"
+#include "../layout.hpp"
+#include "../mask.hpp"
+#include "../unpack.hpp"
+#include "detail/ops.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+namespace reference {
+
+/// Model hyper-parameters. validate() checks them; the model's constructors call it.
+struct config {
+  int vocab = 512;            // token ids are 0 .. vocab - 1
+  int hidden = 128;           // residual stream width
+  int n_layers = 2;
+  int n_heads = 4;            // query heads
+  int n_kv_heads = 2;         // key/value heads; n_heads must be a multiple (grouped-query)
+  int head_dim = 0;           // 0: hidden / n_heads (then hidden must be a multiple of n_heads)
+  int ffn = 256;              // SwiGLU inner width
+  double rope_theta = 10000.0;
+  float rms_eps = 1e-5f;
+  int pad_id = 0;             // token id of pad slots; must be < vocab
+
+  int head_size() const noexcept { return head_dim > 0 ? head_dim : (n_heads > 0 ? hidden / n_heads : 0); }
+  int q_dim() const noexcept { return n_heads * head_size(); }
+  int kv_dim() const noexcept { return n_kv_heads * head_size(); }
+  /// Features rotated by RoPE: the head size rounded down to even; an odd last feature passes.
+  int rotary_dim() const noexcept { return head_size() & ~1; }
+
+  /// Throws prepack::error naming the first inconsistent field and its value.
+  void validate() const {
+    using prepack::detail::require;
+    require(vocab > 0, "config: vocab ", vocab);
+    require(hidden > 0, "config: hidden ", hidden);
+    require(n_layers > 0, "config: n_layers ", n_layers);
+    require(n_heads > 0, "config: n_heads ", n_heads);
+    require(n_kv_heads > 0, "config: n_kv_heads ", n_kv_heads);
+    require(n_heads % n_kv_heads == 0, "config: n_heads ", n_heads,
+            " is not a multiple of n_kv_heads ", n_kv_heads);
+    require(head_dim >= 0, "config: head_dim ", head_dim);
+    require(head_dim > 0 || hidden % n_heads == 0, "config: hidden ", hidden,
+            " is not a multiple of n_heads ", n_heads, " (head_dim 0 derives the head size)");
+    require(ffn > 0, "config: ffn ", ffn);
+    require(rope_theta > 1.0 && std::isfinite(rope_theta), "config: rope_theta ", rope_theta);
+    require(rms_eps > 0.0f && std::isfinite(rms_eps), "config: rms_eps ", rms_eps);
+    require(pad_id >= 0 && pad_id < vocab, "config: pad_id ", pad_id, " outside vocab ", vocab);
+  }
+};
+
+/// One decoder layer's parameters; shapes in [rows][cols].
+struct layer_weights {
+  vector attn_norm;  // [hidden]
+  matrix wq;         // [hidden][n_heads * head_dim]
+  matrix wk;         // [hidden][n_kv_heads * head_dim]
+  matrix wv;         // [hidden][n_kv_heads * head_dim]
+  matrix wo;         // [n_heads * head_dim][hidden]
+  vector mlp_norm;   // [hidden]
+  matrix w_gate;     // [hidden][ffn]
+  matrix w_up;       // [hidden][ffn]
+  matrix w_down;     // [ffn][hidden]
+};
+
+struct weights {
+  matrix embed;                       // [vocab][hidden]
+  std::vector<layer_weights> layers;  // [n_layers]
+  vector final_norm;                  // [hidden]
+  matrix lm_head;                     // [hidden][vocab]
+};
+
+namespace detail {
+
+// splitmix64: a tiny generator whose output is the same on every platform and library.
+class rng {
+ public:
+  explicit rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [-a, a).
+  float uniform(float a) {
+    const double u = static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
+    return static_cast<float>((2.0 * u - 1.0) * a);
+  }
+
+ private:
+  std::uint64_t s_;
+};
+
+// A matrix of the given shape with entries of standard deviation `std` (uniform distribution).
+inline matrix random_matrix(rng& g, int rows, int cols, double std) {
+  matrix m(rows, cols);
+  const float a = static_cast<float>(std * std::sqrt(3.0));
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = g.uniform(a);
+  return m;
+}
+
+inline vector norm_weight(rng& g, int n) {
+  vector v(n);
+  for (Eigen::Index i = 0; i < n; ++i) v[i] = 1.0f + g.uniform(0.1f);
+  return v;
+}
+
+inline void check_shape(const matrix& m, int rows, int cols, const std::string& name) {
+  prepack::detail::require(m.rows() == rows && m.cols() == cols, "weights: ", name, " is ",
+                           m.rows(), " x ", m.cols(), ", expected ", rows, " x ", cols);
+}
+
+inline void check_shape(const vector& v, int n, const std::string& name) {
+  prepack::detail::require(v.size() == n, "weights: ", name, " has ", v.size(),
+                           " entries, expected ", n);
+}
+
+}  // namespace detail
+
+/// Deterministic weights from a seed, scaled so activations keep a unit scale through many
+/// layers: projections have standard deviation 1/sqrt(fan_in), the residual branches' output
+/// projections a further 1/sqrt(2 n_layers); the LM head is scaled up so greedy choices are
+/// decisive. Throws prepack::error if c is invalid.
+inline weights random_weights(const config& c, std::uint64_t seed) {
+  c.validate();
+  detail::rng g(seed);
+  const double residual = 1.0 / std::sqrt(2.0 * c.n_layers);
+  weights w;
+  w.embed = detail::random_matrix(g, c.vocab, c.hidden, 1.0);
+  for (int l = 0; l < c.n_layers; ++l) {
+    layer_weights lw;
+    lw.attn_norm = detail::norm_weight(g, c.hidden);
+    lw.wq = detail::random_matrix(g, c.hidden, c.q_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wk = detail::random_matrix(g, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wv = detail::random_matrix(g, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wo = detail::random_matrix(g, c.q_dim(), c.hidden, residual / std::sqrt(c.q_dim()));
+    lw.mlp_norm = detail::norm_weight(g, c.hidden);
+    lw.w_gate = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
+    lw.w_up = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
+    lw.w_down = detail::random_matrix(g, c.ffn, c.hidden, residual / std::sqrt(c.ffn));
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = detail::norm_weight(g, c.hidden);
+  w.lm_head = detail::random_matrix(g, c.hidden, c.vocab, 4.0 / std::sqrt(c.hidden));
+  return w;
+}
+
+/// Throws prepack::error naming the first parameter whose shape disagrees with c.
+inline void check_weights(const config& c, const weights& w) {
+  c.validate();
+  detail::check_shape(w.embed, c.vocab, c.hidden, "embed");
+  prepack::detail::require(w.layers.size() == static_cast<std::size_t>(c.n_layers), "weights: ",
+                           w.layers.size(), " layers, config has ", c.n_layers);
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const layer_weights& lw = w.layers[l];
+    const std::string p = "layers[" + std::to_string(l) + "].";
+    detail::check_shape(lw.attn_norm, c.hidden, p + "attn_norm");
+    detail::check_shape(lw.wq, c.hidden, c.q_dim(), p + "wq");
+    detail::check_shape(lw.wk, c.hidden, c.kv_dim(), p + "wk");
+    detail::check_shape(lw.wv, c.hidden, c.kv_dim(), p + "wv");
+    detail::check_shape(lw.wo, c.q_dim(), c.hidden, p + "wo");
+    detail::check_shape(lw.mlp_norm, c.hidden, p + "mlp_norm");
+    detail::check_shape(lw.w_gate, c.hidden, c.ffn, p + "w_gate");
+    detail::check_shape(lw.w_up, c.hidden, c.ffn, p + "w_up");
+    detail::check_shape(lw.w_down, c.ffn, c.hidden, p + "w_down");
+  }
+  detail::check_shape(w.final_norm, c.hidden, "final_norm");
+  detail::check_shape(w.lm_head, c.hidden, c.vocab, "lm_head");
+}
+
+/// How attention sees a packed row.
+enum class attention {
+  dense,    // a materialised [width][width] block-diagonal mask per row: n_rows * width^2 work
+  segment,  // each prompt's own causal block only: sum(length^2) work
+};
+
+struct prefill_options {
+  attention path = attention::segment;
+  int n_threads = 0;  // 0: all the machine offers (OpenMP's default)
+};
+
+/// Bytes a prefill allocated, by kind, at its peak (all of them are live at once).
+struct memory_stats {
+  std::size_t kv_bytes = 0;          // the packed KV cache the result carries
+  std::size_t activation_bytes = 0;  // residual stream, projections, MLP, RoPE table, logits
+  std::size_t mask_bytes = 0;        // the dense mask (dense path only)
+  std::size_t scratch_bytes = 0;     // per-thread attention scores
+  std::size_t peak_bytes = 0;        // the sum: the most the prefill held at one time
+};
+
+/// Where a prefill spent its time, and the work it did.
+struct prefill_profile {
+  double seconds_total = 0;
+  double seconds_linear = 0;     // Q/K/V/O projections, MLP and LM head GEMMs
+  double seconds_attention = 0;
+  double linear_flops = 0;       // 2 * m * n * k summed over those GEMMs
+  double attention_flops = 0;    // QK^T and PV products, as computed
+  int n_threads = 1;
+};
+
+/// The output of one prefill over a layout.
+struct prefill_result {
+  std::size_t n_rows = 0, width = 0;
+  int n_layers = 0, n_kv_heads = 0, head_dim = 0;
+  std::vector<float> keys;    // [n_layers][n_rows][width][n_kv_heads][head_dim]  after RoPE
+  std::vector<float> values;  // [n_layers][n_rows][width][n_kv_heads][head_dim]
+  matrix logits;              // [n_prompts][vocab]  logits of each prompt's last token
+  memory_stats memory;
+  prefill_profile profile;
+
+  /// Layer l's packed keys / values as (row, slot, head, dim), for prepack's unpackers.
+  tensor_view<const float, 4> key_view(int layer) const { return view(keys, layer); }
+  tensor_view<const float, 4> value_view(int layer) const { return view(values, layer); }
+
+ private:
+  tensor_view<const float, 4> view(const std::vector<float>& kv, int layer) const {
+    prepack::detail::require(layer >= 0 && layer < n_layers, "layer ", layer, " outside 0..",
+                             n_layers - 1);
+    const std::size_t per_layer = n_rows * width * static_cast<std::size_t>(n_kv_heads * head_dim);
+    return packed_view(kv.data() + static_cast<std::size_t>(layer) * per_layer,
+                       kv_order::row_slot_head_dim, n_rows, width,
+                       static_cast<std::size_t>(n_kv_heads), static_cast<std::size_t>(head_dim));
+  }
+};
+
+namespace detail {
+
+// Sets Eigen's and our thread count for one call, and restores Eigen's afterwards.
+class thread_scope {
+ public:
+  explicit thread_scope(int requested) {
+    prepack::detail::require(requested >= 0, "n_threads ", requested);
+#ifdef _OPENMP
+    n_ = requested > 0 ? requested : omp_get_max_threads();
+#else
+    n_ = 1;
+#endif
+    saved_ = Eigen::nbThreads();
+    Eigen::setNbThreads(n_);
+  }
+  ~thread_scope() { Eigen::setNbThreads(saved_); }
+  thread_scope(const thread_scope&) = delete;
+  thread_scope& operator=(const thread_scope&) = delete;
+  int n() const noexcept { return n_; }
+
+ private:
+  int n_ = 1;
+  int saved_ = 1;
+};
+
+inline int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+using clock = std::chrono::steady_clock;
+inline double seconds_since(clock::time_point t) {
+  return std::chrono::duration<double>(clock::now() - t).count();
+}
+
+// One attention task: `len` queries starting at `start` (a flat slot) against the keys of the
+// same slots, for one query head.
+struct attention_task {
+  Eigen::Index start, len;
+  int head;
+};
+
+// Causal attention of one prompt's block: scores[len][len] in scratch.
+inline void attend_causal(const matrix& q, const matrix& k, const matrix& v, matrix& out,
+                          const attention_task& t, int head_dim, int group, float scale,
+                          float* scratch) {
+  const Eigen::Index hd = head_dim, qc = t.head * hd, kc = (t.head / group) * hd, n = t.len;
+  Eigen::Map<matrix> s(scratch, n, n);
+  s.noalias() = q.block(t.start, qc, n, hd) * k.block(t.start, kc, n, hd).transpose();
+  for (Eigen::Index i = 0; i < n; ++i) {
+    float* row = s.row(i).data();
+    for (Eigen::Index j = 0; j <= i; ++j) row[j] *= scale;
+    softmax(row, static_cast<std::size_t>(i + 1));
+    for (Eigen::Index j = i + 1; j < n; ++j) row[j] = 0.0f;
+  }
+  out.block(t.start, qc, n, hd).noalias() = s * v.block(t.start, kc, n, hd);
+}
+
+// Attention of a whole row under its materialised additive mask [width][width].
+inline void attend_masked(const matrix& q, const matrix& k, const matrix& v, matrix& out,
+                          const attention_task& t, int head_dim, int group, float scale,
+                          const float* mask, float* scratch) {
+  const Eigen::Index hd = head_dim, qc = t.head * hd, kc = (t.head / group) * hd, n = t.len;
+  Eigen::Map<matrix> s(scratch, n, n);
+  s.noalias() = q.block(t.start, qc, n, hd) * k.block(t.start, kc, n, hd).transpose();
+  s *= scale;
+  s += Eigen::Map<const matrix>(mask, n, n);
+  for (Eigen::Index i = 0; i < n; ++i) softmax(s.row(i).data(), static_cast<std::size_t>(n));
+  out.block(t.start, qc, n, hd).noalias() = s * v.block(t.start, kc, n, hd);
+}
+
+}  // namespace detail
+
+/// The reference model: a config and its weights.
+class model {
+ public:
+  /// Throws prepack::error if c is invalid or w's shapes disagree with it.
+  model(const config& c, weights w) : cfg_(c), w_(std::move(w)) { check_weights(cfg_, w_); }
+  /// Deterministic weights from seed (see random_weights).
+  model(const config& c, std::uint64_t seed) : cfg_(c), w_(random_weights(c, seed)) {}
+
+  const config& cfg() const noexcept { return cfg_; }
+  const weights& params() const noexcept { return w_; }
+
+  /// Prefills every prompt of a packed (or padded) layout in one pass. Throws prepack::error,
+  /// computing nothing, if the layout is inconsistent (see check_layout), a token id is outside
+  /// the vocabulary, or n_threads < 0.
+  template <class Token, class Index>
+  prefill_result prefill(const packed_layout<Token, Index>& l, const prefill_options& opt = {}) const;
+
+ private:
+  config cfg_;
+  weights w_;
+};
+
+template <class Token, class Index>
+prefill_result model::prefill(const packed_layout<Token, Index>& l,
+                              const prefill_options& opt) const {
+  using prepack::detail::require;
+  const auto t_start = detail::clock::now();
+  check_layout(l);
+  for (std::size_t s = 0; s < l.n_slots(); ++s) {
+    const auto tok = static_cast<long long>(l.tokens[s]);
+    if (tok >= 0 && tok < cfg_.vocab) continue;
+    if (l.segments[s] >= 0) {
+      prepack::detail::fail("prompt ", l.segments[s], ": token ", l.positions[s], " = ", tok,
+                            " outside vocab ", cfg_.vocab);
+    }
+    prepack::detail::fail("pad slot ", s, ": token ", tok, " outside vocab ", cfg_.vocab);
+  }
+  detail::thread_scope threads(opt.n_threads);
+  const int nt = threads.n();
+
+  const config& c = cfg_;
+  const int hd = c.head_size(), group = c.n_heads / c.n_kv_heads;
+  const Eigen::Index n = static_cast<Eigen::Index>(l.n_slots());
+  const Eigen::Index kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  const std::size_t f = sizeof(float);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  prefill_result r;
+  r.n_rows = l.n_rows;
+  r.width = l.width;
+  r.n_layers = c.n_layers;
+  r.n_kv_heads = c.n_kv_heads;
+  r.head_dim = hd;
+  const std::size_t per_layer = static_cast<std::size_t>(n) * static_cast<std::size_t>(kv_dim);
+  r.keys.resize(per_layer * static_cast<std::size_t>(c.n_layers));
+  r.values.resize(per_layer * static_cast<std::size_t>(c.n_layers));
+
+  // Activations, allocated once and reused by every layer.
+  matrix h(n, c.hidden);    // [n_slots][hidden]  residual stream
+  matrix x(n, c.hidden);    // [n_slots][hidden]  normalised input of a block
+  matrix q(n, q_dim);       // [n_slots][n_heads * head_dim]
+  matrix att(n, q_dim);     // [n_slots][n_heads * head_dim]  attention output
+  matrix gate(n, c.ffn);    // [n_slots][ffn]
+  matrix up(n, c.ffn);      // [n_slots][ffn]
+  Index longest = 0;
+  for (Index len : l.prompt_length) longest = std::max(longest, len);
+  const detail::rope_table rope = detail::make_rope_table(c.rotary_dim(), c.rope_theta, longest - 1);
+
+  // Attention tasks, and the mask for the dense path.
+  std::vector<detail::attention_task> tasks;
+  std::vector<float> mask;  // [n_rows][width][width]  additive, dense path only
+  Eigen::Index scratch_side = 0;
+  if (opt.path == attention::dense) {
+    mask = additive_mask<float>(l);
+    for (std::size_t row = 0; row < l.n_rows; ++row) {
+      for (int head = 0; head < c.n_heads; ++head) {
+        tasks.push_back({static_cast<Eigen::Index>(row * l.width), static_cast<Eigen::Index>(l.width), head});
+      }
+    }
+    scratch_side = static_cast<Eigen::Index>(l.width);
+  } else {
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      for (int head = 0; head < c.n_heads; ++head) {
+        tasks.push_back({static_cast<Eigen::Index>(l.last_token[i]) - l.prompt_length[i] + 1,
+                         static_cast<Eigen::Index>(l.prompt_length[i]), head});
+      }
+    }
+    scratch_side = static_cast<Eigen::Index>(longest);
+  }
+  // Longest tasks first, so the dynamic schedule balances the threads.
+  std::stable_sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) { return a.len > b.len; });
+  std::vector<float> scratch(static_cast<std::size_t>(nt) * static_cast<std::size_t>(scratch_side * scratch_side));
+
+  r.memory.kv_bytes = 2 * per_layer * static_cast<std::size_t>(c.n_layers) * f;
+  r.memory.activation_bytes =
+      (static_cast<std::size_t>(h.size() + x.size() + q.size() + att.size() + gate.size() + up.size()) +
+       rope.cos.size() + rope.sin.size() + l.n_prompts() * static_cast<std::size_t>(c.hidden + c.vocab)) * f;
+  r.memory.mask_bytes = mask.size() * f;
+  r.memory.scratch_bytes = scratch.size() * f;
+  r.memory.peak_bytes = r.memory.kv_bytes + r.memory.activation_bytes + r.memory.mask_bytes +
+                        r.memory.scratch_bytes;
+
+  double t_linear = 0, t_attention = 0;
+  for (Eigen::Index s = 0; s < n; ++s) h.row(s) = w_.embed.row(static_cast<Eigen::Index>(l.tokens[static_cast<std::size_t>(s)]));
+
+  for (int layer = 0; layer < c.n_layers; ++layer) {
+    const layer_weights& lw = w_.layers[static_cast<std::size_t>(layer)];
+    Eigen::Map<matrix> k(r.keys.data() + static_cast<std::size_t>(layer) * per_layer, n, kv_dim);
+    Eigen::Map<matrix> v(r.values.data() + static_cast<std::size_t>(layer) * per_layer, n, kv_dim);
+
+    detail::rms_norm(h, lw.attn_norm, c.rms_eps, x);
+    auto t0 = detail::clock::now();
+    q.noalias() = x * lw.wq;
+    k.noalias() = x * lw.wk;
+    v.noalias() = x * lw.wv;
+    t_linear += detail::seconds_since(t0);
+
+    t0 = detail::clock::now();
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (Eigen::Index s = 0; s < n; ++s) {
+      const Index pos = l.positions[static_cast<std::size_t>(s)];
+      if (l.segments[static_cast<std::size_t>(s)] < 0) {
+        att.row(s).setZero();  // a pad query attends to nothing
+        continue;
+      }
+      for (int head = 0; head < c.n_heads; ++head) detail::rope(q.row(s).data() + head * hd, rope, pos);
+      for (int head = 0; head < c.n_kv_heads; ++head) detail::rope(k.row(s).data() + head * hd, rope, pos);
+    }
+    const Eigen::Index n_tasks = static_cast<Eigen::Index>(tasks.size());
+    const Eigen::Index side2 = scratch_side * scratch_side;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (Eigen::Index ti = 0; ti < n_tasks; ++ti) {
+      const detail::attention_task& t = tasks[static_cast<std::size_t>(ti)];
+      float* s = scratch.data() + detail::thread_id() * side2;
+      if (opt.path == attention::dense) {
+        const float* m = mask.data() + static_cast<std::size_t>(t.start) * l.width;
+        detail::attend_masked(q, k, v, att, t, hd, group, scale, m, s);
+      } else {
+        detail::attend_causal(q, k, v, att, t, hd, group, scale, s);
+      }
+    }
+    t_attention += detail::seconds_since(t0);
+
+    t0 = detail::clock::now();
+    h.noalias() += att * lw.wo;
+    t_linear += detail::seconds_since(t0);
+    detail::rms_norm(h, lw.mlp_norm, c.rms_eps, x);
+    t0 = detail::clock::now();
+    gate.noalias() = x * lw.w_gate;
+    up.noalias() = x * lw.w_up;
+    t_linear += detail::seconds_since(t0);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (Eigen::Index s = 0; s < n; ++s) {
+      float* g = gate.row(s).data();
+      const float* u = up.row(s).data();
+      for (Eigen::Index j = 0; j < c.ffn; ++j) g[j] = detail::silu(g[j]) * u[j];
+    }
+    t0 = detail::clock::now();
+    h.noalias() += gate * lw.w_down;
+    t_linear += detail::seconds_since(t0);
+  }
+
+  // Only each prompt's last token goes through the final norm and the LM head.
+  matrix last(static_cast<Eigen::Index>(l.n_prompts()), c.hidden);  // [n_prompts][hidden]
+  gather_last(l, contiguous_view<const float, 2>(h.data(), {l.n_slots(), static_cast<std::size_t>(c.hidden)}),
+              contiguous_view<float, 2>(last.data(), {l.n_prompts(), static_cast<std::size_t>(c.hidden)}));
+  detail::rms_norm(last, w_.final_norm, c.rms_eps, last);
+  auto t0 = detail::clock::now();
+  r.logits.noalias() = last * w_.lm_head;
+  t_linear += detail::seconds_since(t0);
+
+  const double hidden = c.hidden, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn;
+  const double per_token = 2.0 * hidden * (qd + 2.0 * kvd) + 2.0 * qd * hidden + 3.0 * 2.0 * hidden * ffn;
+  r.profile.linear_flops = per_token * static_cast<double>(n) * c.n_layers +
+                           2.0 * static_cast<double>(l.n_prompts()) * c.hidden * c.vocab;
+  double att_flops = 0;
+  for (const auto& t : tasks) att_flops += 4.0 * static_cast<double>(t.len) * static_cast<double>(t.len) * hd;
+  r.profile.attention_flops = att_flops * c.n_layers;
+  r.profile.seconds_linear = t_linear;
+  r.profile.seconds_attention = t_attention;
+  r.profile.n_threads = nt;
+  r.profile.seconds_total = detail::seconds_since(t_start);
+  return r;
+}
+
+}  // namespace reference
+PREPACK_NAMESPACE_END
