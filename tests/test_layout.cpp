@@ -101,6 +101,26 @@ TEST(LayoutErrors, IndexTypeTooSmallForTheTokenCount) {
   EXPECT_NO_THROW((prepack::make_layout<int, std::int32_t>(plan, tokens)));
 }
 
+TEST(LayoutErrors, CapacitiesNearTheTypesLimitFailCleanlyBeforeAllocating) {
+  // Three rows of 2^63 slots: the slot count overflows size_t.
+  const std::vector<std::uint64_t> huge{std::uint64_t{1} << 63, std::uint64_t{1} << 63, 5};
+  const auto p = prepack::first_fit_decreasing(huge);
+  ASSERT_EQ(p.n_rows(), 3u);
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p, std::vector<int>{}), "tokens: 9223372036854775808 + 9223372036854775808 overflows size_t");
+  const auto q = prepack::padded(std::vector<std::uint64_t>{1, 1}, prepack::padding_side::left,
+                                 std::uint64_t{1} << 63);
+  EXPECT_PREPACK_ERROR(prepack::make_layout(q, std::vector<int>{1, 2}), "layout slots: 2 x 9223372036854775808 overflows size_t");
+  // 2^40 slots fit size_t but not an int32 index: refused before any array is allocated.
+  const auto r = prepack::padded(std::vector<std::int64_t>{1}, prepack::padding_side::left,
+                                 std::int64_t{1} << 40);
+  EXPECT_PREPACK_ERROR(prepack::make_layout(r, std::vector<int>{7}),
+                       "flat slot index 1099511627775 does not fit the int32 index type");
+  // int8 lengths at their maximum capacity plan and lay out fine.
+  const auto s8 = prepack::first_fit_decreasing(std::vector<std::int8_t>{127, 1, 126}, std::int8_t{127});
+  EXPECT_EQ(s8.n_rows(), 2u);
+  EXPECT_NO_THROW(prepack::make_layout(s8, std::vector<int>(254, 1)));
+}
+
 TEST(LayoutErrors, InconsistentPlansAreRefused) {
   const std::vector<int> len{2, 1, 1};  // rows {0} {1 2}
   const std::vector<int> tokens(4, 1);

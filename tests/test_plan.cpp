@@ -249,6 +249,34 @@ TEST(Plan, BatchFormers) {
       "prompt 5 out of range");
 }
 
+TEST(Plan, SplitRowsCutsADatasetPlanIntoValidBatches) {
+  std::mt19937_64 rng(13);
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto len = test::random_lengths(rng, 1 + rng() % 200, 1, 100);
+    const auto whole = prepack::first_fit_decreasing(len);
+    const std::size_t per = 1 + rng() % 7;
+    const auto batches = prepack::split_rows(whole, per);
+    ASSERT_EQ(batches.size(), (whole.n_rows() + per - 1) / per);
+    std::vector<int> seen(len.size(), 0);
+    for (const auto& b : batches) {
+      ASSERT_LE(b.plan.n_rows(), per);
+      std::vector<int> sub(b.prompts.size());
+      for (std::size_t k = 0; k < b.prompts.size(); ++k) {
+        const std::size_t i = b.prompts[k];
+        ++seen[i];
+        sub[k] = len[i];
+        // Each prompt keeps its row (shifted) and its offset.
+        ASSERT_EQ(b.plan.row[k] + b.first_row, whole.row[i]);
+        ASSERT_EQ(b.plan.offset[k], whole.offset[i]);
+      }
+      expect_valid_plan(sub, b.plan, whole.capacity);
+    }
+    for (int c : seen) ASSERT_EQ(c, 1);
+  }
+  EXPECT_PREPACK_ERROR(prepack::split_rows(prepack::first_fit_decreasing(std::vector<int>{1}), 0),
+                       "rows per batch 0");
+}
+
 struct request {
   std::string name;
   std::vector<int> tokens;

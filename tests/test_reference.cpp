@@ -310,6 +310,37 @@ TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
   EXPECT_EQ(a.profile.n_threads, 1);
 }
 
+TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
+  // An engine that only knows input ids, position ids and a 4D additive mask gets the same
+  // results from prepack's arrays as the layout-aware prefill.
+  std::mt19937_64 rng(5);
+  const ref::config c = random_config(rng);
+  const ref::model m(c, 3);
+  const auto prompts = random_prompts(rng, test::heavy_tailed_lengths(rng, 20, 120), c.vocab);
+  const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts,
+                                      {c.pad_id, 1});
+  const auto mask = prepack::additive_mask(l);
+  const auto a = m.prefill_masked(l.n_rows, l.width, prepack::span<const int>(l.tokens),
+                                  prepack::span<const int>(l.positions), prepack::span<const float>(mask),
+                                  prepack::span<const int>(l.last_token));
+  const auto b = m.prefill(l, {ref::attention::segment, 0});
+  const double dl = (a.logits - b.logits).cwiseAbs().maxCoeff();
+  const auto ca = ref::unpack_caches(m, l, a), cb = ref::unpack_caches(m, l, b);
+  const diff d = compare(ca, a.logits, cb, b.logits);
+  std::printf("prefill_masked vs prefill: max abs diff KV %.3g, logits %.3g\n", d.kv, dl);
+  EXPECT_LE(d.kv, kTolerance);
+  EXPECT_LE(dl, kTolerance);
+  const std::vector<int> bad_out{static_cast<int>(l.n_slots())};
+  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows, l.width, prepack::span<const int>(l.tokens),
+                                        prepack::span<const int>(l.positions), prepack::span<const float>(mask),
+                                        prepack::span<const int>(bad_out)),
+                       "output slot 0");
+  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows + 1, l.width, prepack::span<const int>(l.tokens),
+                                        prepack::span<const int>(l.positions), prepack::span<const float>(mask),
+                                        prepack::span<const int>(l.last_token)),
+                       "tokens: ");
+}
+
 TEST(Reference, MemoryAccountingFollowsTheBuffers) {
   ref::config c;
   const ref::model m(c, 1);

@@ -288,6 +288,46 @@ pack_plan<Length> make_plan(packer kind, const Range& items, Proj size_of,
   return make_plan<Length>(kind, span<const Length>(length), capacity);
 }
 
+/// One batch of rows cut from a larger plan: a plan of its own over the prompts of those rows
+/// (renumbered 0..), and the original id of each.
+template <class Length>
+struct plan_batch {
+  pack_plan<Length> plan;            // rows [first_row, first_row + plan.n_rows()) of the source
+  std::vector<std::size_t> prompts;  // [plan.n_prompts()]  original id of each prompt
+  std::size_t first_row = 0;
+};
+
+/// Cuts a plan into consecutive batches of at most rows_per_batch rows: dataset-level
+/// prepacking plans the whole dataset once, then prefills it batch by batch. O(n_prompts).
+/// Throws prepack::error for rows_per_batch == 0.
+template <class Length>
+std::vector<plan_batch<Length>> split_rows(const pack_plan<Length>& p, std::size_t rows_per_batch) {
+  detail::require(rows_per_batch > 0, "rows per batch ", rows_per_batch);
+  std::vector<plan_batch<Length>> out;
+  for (std::size_t r0 = 0; r0 < p.n_rows(); r0 += rows_per_batch) {
+    const std::size_t r1 = std::min(p.n_rows(), r0 + rows_per_batch);
+    plan_batch<Length> b;
+    b.first_row = r0;
+    b.plan.capacity = p.capacity;
+    b.plan.fill.assign(p.fill.begin() + static_cast<std::ptrdiff_t>(r0),
+                       p.fill.begin() + static_cast<std::ptrdiff_t>(r1));
+    b.plan.row_begin.push_back(0);
+    for (std::size_t r = r0; r < r1; ++r) {
+      for (std::size_t k = p.row_begin[r]; k < p.row_begin[r + 1]; ++k) {
+        const std::size_t i = p.row_prompts[k];
+        b.plan.row_prompts.push_back(b.prompts.size());
+        b.prompts.push_back(i);
+        b.plan.length.push_back(p.length[i]);
+        b.plan.row.push_back(r - r0);
+        b.plan.offset.push_back(p.offset[i]);
+      }
+      b.plan.row_begin.push_back(b.prompts.size());
+    }
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 /// Splits prompts 0..n-1 into batches of at most `batch_size` in arrival order: the batches a
 /// server forms when it pads whatever arrives. Throws for n == 0 or batch_size == 0.
 inline std::vector<std::vector<std::size_t>> arrival_batches(std::size_t n_prompts,

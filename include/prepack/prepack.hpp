@@ -10,3 +10,4 @@
 #include "plan.hpp"
 #include "span.hpp"
 #include "unpack.hpp"
+#include "workload.hpp"

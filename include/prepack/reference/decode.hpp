@@ -7,6 +7,8 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -189,7 +191,7 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
       detail::rms_norm(h, lw.mlp_norm, c.rms_eps, x);
       gate.noalias() = x * lw.w_gate;
       up.noalias() = x * lw.w_up;
-      for (Eigen::Index j = 0; j < gate.size(); ++j) gate.data()[j] = detail::silu(gate.data()[j]) * up.data()[j];
+      for (Eigen::Index i = 0; i < bn; ++i) detail::swiglu(gate.row(i).data(), up.row(i).data(), static_cast<std::size_t>(c.ffn));
       h.noalias() += gate * lw.w_down;
     }
     for (kv_cache& kc : caches) ++kc.length;
@@ -197,6 +199,29 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
     logits.noalias() = x * w.lm_head;
   }
   return out;
+}
+
+/// Largest |a - b| over the filled positions of two sets of caches (e.g. prepacked vs alone).
+/// Throws prepack::error if the sets differ in count, shape or lengths.
+inline float max_abs_diff(const std::vector<kv_cache>& a, const std::vector<kv_cache>& b) {
+  prepack::detail::require(a.size() == b.size(), "caches: ", a.size(), " vs ", b.size());
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    prepack::detail::require(a[i].n_layers == b[i].n_layers && a[i].n_kv_heads == b[i].n_kv_heads &&
+                                 a[i].head_dim == b[i].head_dim && a[i].length == b[i].length,
+                             "cache ", i, ": shapes or lengths differ");
+    for (int layer = 0; layer < a[i].n_layers; ++layer) {
+      for (int g = 0; g < a[i].n_kv_heads; ++g) {
+        const std::size_t n = a[i].length * static_cast<std::size_t>(a[i].head_dim);
+        const float *ka = a[i].key(layer, g, 0), *kb = b[i].key(layer, g, 0);
+        const float *va = a[i].value(layer, g, 0), *vb = b[i].value(layer, g, 0);
+        for (std::size_t e = 0; e < n; ++e) {
+          worst = std::max(worst, std::max(std::abs(ka[e] - kb[e]), std::abs(va[e] - vb[e])));
+        }
+      }
+    }
+  }
+  return worst;
 }
 
 /// Prefills each prompt alone (a batch of one, no padding, no packing): the independent

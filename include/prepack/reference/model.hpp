@@ -297,34 +297,78 @@ struct attention_task {
   int head;
 };
 
-// Causal attention of one prompt's block: scores[len][len] in scratch.
-inline void attend_causal(const matrix& q, const matrix& k, const matrix& v, matrix& out,
+// K and V live in the result's KV buffer (an Eigen::Map); a Ref takes it without a copy.
+using const_matrix_ref = const Eigen::Ref<const matrix>&;
+
+// Queries are processed in blocks of this many rows: the scores of a block ([block][keys]) stay
+// small enough for Eigen to keep its GEMM packing buffers on the stack (no heap traffic per
+// task), and a causal block needs only the keys up to its last query.
+constexpr Eigen::Index query_block = 32;
+
+// Causal attention within one prompt's slots. scratch holds query_block * len floats.
+inline void attend_causal(const matrix& q, const_matrix_ref k, const_matrix_ref v, matrix& out,
                           const attention_task& t, int head_dim, int group, float scale,
                           float* scratch) {
-  const Eigen::Index hd = head_dim, qc = t.head * hd, kc = (t.head / group) * hd, n = t.len;
-  Eigen::Map<matrix> s(scratch, n, n);
-  s.noalias() = q.block(t.start, qc, n, hd) * k.block(t.start, kc, n, hd).transpose();
-  for (Eigen::Index i = 0; i < n; ++i) {
-    float* row = s.row(i).data();
-    for (Eigen::Index j = 0; j <= i; ++j) row[j] *= scale;
-    softmax(row, static_cast<std::size_t>(i + 1));
-    for (Eigen::Index j = i + 1; j < n; ++j) row[j] = 0.0f;
+  const Eigen::Index hd = head_dim, qc = t.head * hd, kc = (t.head / group) * hd;
+  for (Eigen::Index r0 = 0; r0 < t.len; r0 += query_block) {
+    const Eigen::Index rows = std::min(query_block, t.len - r0), keys = r0 + rows;
+    Eigen::Map<matrix> s(scratch, rows, keys);  // [rows][keys]
+    s.noalias() = q.block(t.start + r0, qc, rows, hd) * k.block(t.start, kc, keys, hd).transpose();
+    for (Eigen::Index i = 0; i < rows; ++i) {
+      float* row = s.row(i).data();
+      const Eigen::Index seen = r0 + i + 1;  // query r0 + i sees keys 0 .. r0 + i
+      for (Eigen::Index j = 0; j < seen; ++j) row[j] *= scale;
+      softmax(row, static_cast<std::size_t>(seen));
+      for (Eigen::Index j = seen; j < keys; ++j) row[j] = 0.0f;
+    }
+    out.block(t.start + r0, qc, rows, hd).noalias() = s * v.block(t.start, kc, keys, hd);
   }
-  out.block(t.start, qc, n, hd).noalias() = s * v.block(t.start, kc, n, hd);
 }
 
-// Attention of a whole row under its materialised additive mask [width][width].
-inline void attend_masked(const matrix& q, const matrix& k, const matrix& v, matrix& out,
+// Attention of a whole row under its materialised additive mask [width][width], every query
+// against every key of the row, as a kernel that takes a 4D mask computes it.
+inline void attend_masked(const matrix& q, const_matrix_ref k, const_matrix_ref v, matrix& out,
                           const attention_task& t, int head_dim, int group, float scale,
                           const float* mask, float* scratch) {
   const Eigen::Index hd = head_dim, qc = t.head * hd, kc = (t.head / group) * hd, n = t.len;
-  Eigen::Map<matrix> s(scratch, n, n);
-  s.noalias() = q.block(t.start, qc, n, hd) * k.block(t.start, kc, n, hd).transpose();
-  s *= scale;
-  s += Eigen::Map<const matrix>(mask, n, n);
-  for (Eigen::Index i = 0; i < n; ++i) softmax(s.row(i).data(), static_cast<std::size_t>(n));
-  out.block(t.start, qc, n, hd).noalias() = s * v.block(t.start, kc, n, hd);
+  for (Eigen::Index r0 = 0; r0 < n; r0 += query_block) {
+    const Eigen::Index rows = std::min(query_block, n - r0);
+    Eigen::Map<matrix> s(scratch, rows, n);  // [rows][n]
+    s.noalias() = q.block(t.start + r0, qc, rows, hd) * k.block(t.start, kc, n, hd).transpose();
+    s *= scale;
+    s += Eigen::Map<const matrix>(mask + r0 * n, rows, n);
+    for (Eigen::Index i = 0; i < rows; ++i) softmax(s.row(i).data(), static_cast<std::size_t>(n));
+    out.block(t.start + r0, qc, rows, hd).noalias() = s * v.block(t.start, kc, n, hd);
+  }
 }
+
+// Multiply-adds of a task as attend_* compute it (QK^T and PV), for the profile.
+inline double attention_flops(const attention_task& t, bool causal, int head_dim) {
+  double keys = 0;
+  for (Eigen::Index r0 = 0; r0 < t.len; r0 += query_block) {
+    const Eigen::Index rows = std::min(query_block, t.len - r0);
+    keys += static_cast<double>(rows) * static_cast<double>(causal ? r0 + rows : t.len);
+  }
+  return 4.0 * keys * head_dim;
+}
+
+}  // namespace detail
+
+namespace detail {
+
+// What the forward pass sees of a batch: flat [n_rows][width] arrays, and either the dense
+// additive mask or the causal blocks to attend within. It knows nothing of prompts.
+template <class Token, class Index>
+struct batch_view {
+  std::size_t n_rows = 0, width = 0;
+  const Token* tokens = nullptr;       // [n_rows][width]
+  const Index* positions = nullptr;    // [n_rows][width]
+  const Index* segments = nullptr;     // [n_rows][width]  -1 on pad slots; null: no pad slots known
+  const float* mask = nullptr;         // [n_rows][width][width]  additive; null: segment path
+  std::vector<attention_task> tasks;   // per head: a row (dense) or a causal block (segment)
+  std::vector<std::size_t> outputs;    // flat slots whose logits are wanted
+  std::size_t mask_bytes = 0;          // the mask's size, for the memory report
+};
 
 }  // namespace detail
 
@@ -339,49 +383,127 @@ class model {
   const config& cfg() const noexcept { return cfg_; }
   const weights& params() const noexcept { return w_; }
 
-  /// Prefills every prompt of a packed (or padded) layout in one pass. Throws prepack::error,
-  /// computing nothing, if the layout is inconsistent (see check_layout), a token id is outside
-  /// the vocabulary, or n_threads < 0.
+  /// Prefills every prompt of a packed (or padded) layout in one pass; logits row i belongs to
+  /// prompt i. Throws prepack::error, computing nothing, if the layout is inconsistent (see
+  /// check_layout), a token id is outside the vocabulary, or n_threads < 0.
   template <class Token, class Index>
-  prefill_result prefill(const packed_layout<Token, Index>& l, const prefill_options& opt = {}) const;
+  prefill_result prefill(const packed_layout<Token, Index>& l, const prefill_options& opt = {}) const {
+    check_layout(l);
+    detail::batch_view<Token, Index> b;
+    b.n_rows = l.n_rows;
+    b.width = l.width;
+    b.tokens = l.tokens.data();
+    b.positions = l.positions.data();
+    b.segments = l.segments.data();
+    Index longest = 0;
+    for (Index len : l.prompt_length) longest = std::max(longest, len);
+    std::vector<float> mask;  // [n_rows][width][width]  additive, dense path only
+    if (opt.path == attention::dense) {
+      mask = additive_mask<float>(l);
+      b.mask = mask.data();
+      b.mask_bytes = mask.size() * sizeof(float);
+      for (std::size_t row = 0; row < l.n_rows; ++row) {
+        for (int head = 0; head < cfg_.n_heads; ++head) {
+          b.tasks.push_back({static_cast<Eigen::Index>(row * l.width), static_cast<Eigen::Index>(l.width), head});
+        }
+      }
+    } else {
+      for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+        for (int head = 0; head < cfg_.n_heads; ++head) {
+          b.tasks.push_back({static_cast<Eigen::Index>(l.last_token[i]) - l.prompt_length[i] + 1,
+                             static_cast<Eigen::Index>(l.prompt_length[i]), head});
+        }
+      }
+    }
+    for (Index s : l.last_token) b.outputs.push_back(static_cast<std::size_t>(s));
+    return forward(b, opt.n_threads);
+  }
+
+  /// The engine-facing form: prefills raw Hugging Face-style inputs, with no notion of prompts:
+  /// input ids and position ids [n_rows][width], an additive attention mask
+  /// [n_rows][width][width] (0 = attend, -inf = masked; a fully masked query yields zeros), and
+  /// the flat slots whose logits to return (in that order). Throws prepack::error, computing
+  /// nothing, if a size disagrees with n_rows x width, a token id is outside the vocabulary, a
+  /// position is negative or above 2^24, an output slot is out of range, or n_threads < 0.
+  template <class Token, class Index>
+  prefill_result prefill_masked(std::size_t n_rows, std::size_t width, span<const Token> tokens,
+                                span<const Index> positions, span<const float> mask,
+                                span<const Index> output_slots, int n_threads = 0) const {
+    using prepack::detail::require;
+    const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
+    require(slots > 0, "batch: ", n_rows, " rows x ", width, " slots");
+    require(tokens.size() == slots, "tokens: ", tokens.size(), " ids for ", n_rows, " x ", width, " slots");
+    require(positions.size() == slots, "positions: ", positions.size(), " ids for ", n_rows, " x ", width, " slots");
+    require(mask.size() == prepack::detail::mul(slots, width, "mask"), "mask: ", mask.size(),
+            " elements for ", n_rows, " x ", width, " x ", width);
+    for (std::size_t k = 0; k < output_slots.size(); ++k) {
+      require(output_slots[k] >= 0 && static_cast<std::size_t>(output_slots[k]) < slots, "output slot ", k,
+              ": ", output_slots[k], " outside ", slots, " slots");
+    }
+    detail::batch_view<Token, Index> b;
+    b.n_rows = n_rows;
+    b.width = width;
+    b.tokens = tokens.data();
+    b.positions = positions.data();
+    b.mask = mask.data();
+    b.mask_bytes = mask.size() * sizeof(float);
+    for (std::size_t row = 0; row < n_rows; ++row) {
+      for (int head = 0; head < cfg_.n_heads; ++head) {
+        b.tasks.push_back({static_cast<Eigen::Index>(row * width), static_cast<Eigen::Index>(width), head});
+      }
+    }
+    for (Index s : output_slots) b.outputs.push_back(static_cast<std::size_t>(s));
+    return forward(b, n_threads);
+  }
 
  private:
+  template <class Token, class Index>
+  prefill_result forward(detail::batch_view<Token, Index>& b, int n_threads) const;
+
   config cfg_;
   weights w_;
 };
 
 template <class Token, class Index>
-prefill_result model::prefill(const packed_layout<Token, Index>& l,
-                              const prefill_options& opt) const {
-  using prepack::detail::require;
+prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads) const {
   const auto t_start = detail::clock::now();
-  check_layout(l);
-  for (std::size_t s = 0; s < l.n_slots(); ++s) {
-    const auto tok = static_cast<long long>(l.tokens[s]);
-    if (tok >= 0 && tok < cfg_.vocab) continue;
-    if (l.segments[s] >= 0) {
-      prepack::detail::fail("prompt ", l.segments[s], ": token ", l.positions[s], " = ", tok,
-                            " outside vocab ", cfg_.vocab);
+  const config& c = cfg_;
+  const std::size_t n_slots = b.n_rows * b.width;
+  constexpr long long max_position = 1 << 24;
+  long long top = 0;  // largest position a real slot uses: the RoPE table's extent
+  for (std::size_t s = 0; s < n_slots; ++s) {
+    const auto tok = static_cast<long long>(b.tokens[s]);
+    const bool pad = b.segments != nullptr && b.segments[s] < 0;
+    if (tok < 0 || tok >= c.vocab) {
+      if (!pad && b.segments != nullptr) {
+        prepack::detail::fail("prompt ", b.segments[s], ": token ", b.positions[s], " = ", tok,
+                              " outside vocab ", c.vocab);
+      }
+      prepack::detail::fail(pad ? "pad slot " : "slot ", s, ": token ", tok, " outside vocab ", c.vocab);
     }
-    prepack::detail::fail("pad slot ", s, ": token ", tok, " outside vocab ", cfg_.vocab);
+    if (pad) continue;
+    const auto pos = static_cast<long long>(b.positions[s]);
+    prepack::detail::require(pos >= 0 && pos <= max_position, "slot ", s, ": position ", pos,
+                             " outside 0..", max_position);
+    top = std::max(top, pos);
   }
-  detail::thread_scope threads(opt.n_threads);
+  detail::thread_scope threads(n_threads);
   const int nt = threads.n();
 
-  const config& c = cfg_;
   const int hd = c.head_size(), group = c.n_heads / c.n_kv_heads;
-  const Eigen::Index n = static_cast<Eigen::Index>(l.n_slots());
+  const Eigen::Index n = static_cast<Eigen::Index>(n_slots);
   const Eigen::Index kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  const Eigen::Index n_out = static_cast<Eigen::Index>(b.outputs.size());
   const std::size_t f = sizeof(float);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   prefill_result r;
-  r.n_rows = l.n_rows;
-  r.width = l.width;
+  r.n_rows = b.n_rows;
+  r.width = b.width;
   r.n_layers = c.n_layers;
   r.n_kv_heads = c.n_kv_heads;
   r.head_dim = hd;
-  const std::size_t per_layer = static_cast<std::size_t>(n) * static_cast<std::size_t>(kv_dim);
+  const std::size_t per_layer = n_slots * static_cast<std::size_t>(kv_dim);
   r.keys.resize(per_layer * static_cast<std::size_t>(c.n_layers));
   r.values.resize(per_layer * static_cast<std::size_t>(c.n_layers));
 
@@ -392,46 +514,24 @@ prefill_result model::prefill(const packed_layout<Token, Index>& l,
   matrix att(n, q_dim);     // [n_slots][n_heads * head_dim]  attention output
   matrix gate(n, c.ffn);    // [n_slots][ffn]
   matrix up(n, c.ffn);      // [n_slots][ffn]
-  Index longest = 0;
-  for (Index len : l.prompt_length) longest = std::max(longest, len);
-  const detail::rope_table rope = detail::make_rope_table(c.rotary_dim(), c.rope_theta, longest - 1);
-
-  // Attention tasks, and the mask for the dense path.
-  std::vector<detail::attention_task> tasks;
-  std::vector<float> mask;  // [n_rows][width][width]  additive, dense path only
-  Eigen::Index scratch_side = 0;
-  if (opt.path == attention::dense) {
-    mask = additive_mask<float>(l);
-    for (std::size_t row = 0; row < l.n_rows; ++row) {
-      for (int head = 0; head < c.n_heads; ++head) {
-        tasks.push_back({static_cast<Eigen::Index>(row * l.width), static_cast<Eigen::Index>(l.width), head});
-      }
-    }
-    scratch_side = static_cast<Eigen::Index>(l.width);
-  } else {
-    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-      for (int head = 0; head < c.n_heads; ++head) {
-        tasks.push_back({static_cast<Eigen::Index>(l.last_token[i]) - l.prompt_length[i] + 1,
-                         static_cast<Eigen::Index>(l.prompt_length[i]), head});
-      }
-    }
-    scratch_side = static_cast<Eigen::Index>(longest);
-  }
+  const detail::rope_table rope = detail::make_rope_table(c.rotary_dim(), c.rope_theta, top);
   // Longest tasks first, so the dynamic schedule balances the threads.
-  std::stable_sort(tasks.begin(), tasks.end(), [](const auto& a, const auto& b) { return a.len > b.len; });
-  std::vector<float> scratch(static_cast<std::size_t>(nt) * static_cast<std::size_t>(scratch_side * scratch_side));
+  std::stable_sort(b.tasks.begin(), b.tasks.end(), [](const auto& u, const auto& v) { return u.len > v.len; });
+  const Eigen::Index side = b.tasks.empty() ? 0 : b.tasks.front().len;
+  const Eigen::Index per_thread = std::min(side, detail::query_block) * side;
+  std::vector<float> scratch(static_cast<std::size_t>(nt) * static_cast<std::size_t>(per_thread));  // [n_threads][query_block][side]
 
   r.memory.kv_bytes = 2 * per_layer * static_cast<std::size_t>(c.n_layers) * f;
   r.memory.activation_bytes =
       (static_cast<std::size_t>(h.size() + x.size() + q.size() + att.size() + gate.size() + up.size()) +
-       rope.cos.size() + rope.sin.size() + l.n_prompts() * static_cast<std::size_t>(c.hidden + c.vocab)) * f;
-  r.memory.mask_bytes = mask.size() * f;
+       rope.cos.size() + rope.sin.size() + b.outputs.size() * static_cast<std::size_t>(c.hidden + c.vocab)) * f;
+  r.memory.mask_bytes = b.mask_bytes;
   r.memory.scratch_bytes = scratch.size() * f;
   r.memory.peak_bytes = r.memory.kv_bytes + r.memory.activation_bytes + r.memory.mask_bytes +
                         r.memory.scratch_bytes;
 
   double t_linear = 0, t_attention = 0;
-  for (Eigen::Index s = 0; s < n; ++s) h.row(s) = w_.embed.row(static_cast<Eigen::Index>(l.tokens[static_cast<std::size_t>(s)]));
+  for (Eigen::Index s = 0; s < n; ++s) h.row(s) = w_.embed.row(static_cast<Eigen::Index>(b.tokens[s]));
 
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const layer_weights& lw = w_.layers[static_cast<std::size_t>(layer)];
@@ -448,22 +548,21 @@ prefill_result model::prefill(const packed_layout<Token, Index>& l,
     t0 = detail::clock::now();
 #pragma omp parallel for num_threads(nt) schedule(static)
     for (Eigen::Index s = 0; s < n; ++s) {
-      const Index pos = l.positions[static_cast<std::size_t>(s)];
-      if (l.segments[static_cast<std::size_t>(s)] < 0) {
+      if (b.segments != nullptr && b.segments[s] < 0) {
         att.row(s).setZero();  // a pad query attends to nothing
         continue;
       }
+      const auto pos = static_cast<std::int64_t>(b.positions[s]);
       for (int head = 0; head < c.n_heads; ++head) detail::rope(q.row(s).data() + head * hd, rope, pos);
       for (int head = 0; head < c.n_kv_heads; ++head) detail::rope(k.row(s).data() + head * hd, rope, pos);
     }
-    const Eigen::Index n_tasks = static_cast<Eigen::Index>(tasks.size());
-    const Eigen::Index side2 = scratch_side * scratch_side;
+    const Eigen::Index n_tasks = static_cast<Eigen::Index>(b.tasks.size());
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (Eigen::Index ti = 0; ti < n_tasks; ++ti) {
-      const detail::attention_task& t = tasks[static_cast<std::size_t>(ti)];
-      float* s = scratch.data() + detail::thread_id() * side2;
-      if (opt.path == attention::dense) {
-        const float* m = mask.data() + static_cast<std::size_t>(t.start) * l.width;
+      const detail::attention_task& t = b.tasks[static_cast<std::size_t>(ti)];
+      float* s = scratch.data() + detail::thread_id() * per_thread;
+      if (b.mask != nullptr) {
+        const float* m = b.mask + static_cast<std::size_t>(t.start) * b.width;
         detail::attend_masked(q, k, v, att, t, hd, group, scale, m, s);
       } else {
         detail::attend_causal(q, k, v, att, t, hd, group, scale, s);
@@ -480,20 +579,15 @@ prefill_result model::prefill(const packed_layout<Token, Index>& l,
     up.noalias() = x * lw.w_up;
     t_linear += detail::seconds_since(t0);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (Eigen::Index s = 0; s < n; ++s) {
-      float* g = gate.row(s).data();
-      const float* u = up.row(s).data();
-      for (Eigen::Index j = 0; j < c.ffn; ++j) g[j] = detail::silu(g[j]) * u[j];
-    }
+    for (Eigen::Index s = 0; s < n; ++s) detail::swiglu(gate.row(s).data(), up.row(s).data(), static_cast<std::size_t>(c.ffn));
     t0 = detail::clock::now();
     h.noalias() += gate * lw.w_down;
     t_linear += detail::seconds_since(t0);
   }
 
-  // Only each prompt's last token goes through the final norm and the LM head.
-  matrix last(static_cast<Eigen::Index>(l.n_prompts()), c.hidden);  // [n_prompts][hidden]
-  gather_last(l, contiguous_view<const float, 2>(h.data(), {l.n_slots(), static_cast<std::size_t>(c.hidden)}),
-              contiguous_view<float, 2>(last.data(), {l.n_prompts(), static_cast<std::size_t>(c.hidden)}));
+  // Only the wanted slots go through the final norm and the LM head.
+  matrix last(n_out, c.hidden);  // [n_outputs][hidden]
+  for (Eigen::Index i = 0; i < n_out; ++i) last.row(i) = h.row(static_cast<Eigen::Index>(b.outputs[static_cast<std::size_t>(i)]));
   detail::rms_norm(last, w_.final_norm, c.rms_eps, last);
   auto t0 = detail::clock::now();
   r.logits.noalias() = last * w_.lm_head;
@@ -502,9 +596,9 @@ prefill_result model::prefill(const packed_layout<Token, Index>& l,
   const double hidden = c.hidden, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn;
   const double per_token = 2.0 * hidden * (qd + 2.0 * kvd) + 2.0 * qd * hidden + 3.0 * 2.0 * hidden * ffn;
   r.profile.linear_flops = per_token * static_cast<double>(n) * c.n_layers +
-                           2.0 * static_cast<double>(l.n_prompts()) * c.hidden * c.vocab;
+                           2.0 * static_cast<double>(n_out) * hidden * c.vocab;
   double att_flops = 0;
-  for (const auto& t : tasks) att_flops += 4.0 * static_cast<double>(t.len) * static_cast<double>(t.len) * hd;
+  for (const auto& t : b.tasks) att_flops += detail::attention_flops(t, b.mask == nullptr, hd);
   r.profile.attention_flops = att_flops * c.n_layers;
   r.profile.seconds_linear = t_linear;
   r.profile.seconds_attention = t_attention;

@@ -70,25 +70,27 @@ inline void rope(float* x, const rope_table& r, std::int64_t pos) {
   }
 }
 
-// In-place softmax of scores[0, n); entries equal to -inf get probability 0, and a row that
-// is -inf throughout (a pad query) becomes all zeros instead of NaN.
+// In-place softmax of scores[0, n), vectorised; entries equal to -inf get probability exactly 0,
+// and a row that is -inf throughout (a pad query) becomes all zeros instead of NaN.
 inline void softmax(float* scores, std::size_t n) {
-  float max = -std::numeric_limits<float>::infinity();
-  for (std::size_t j = 0; j < n; ++j) max = scores[j] > max ? scores[j] : max;
-  if (max == -std::numeric_limits<float>::infinity()) {
-    for (std::size_t j = 0; j < n; ++j) scores[j] = 0.0f;
+  Eigen::Map<Eigen::ArrayXf> x(scores, static_cast<Eigen::Index>(n));
+  const float max = x.maxCoeff();
+  constexpr float ninf = -std::numeric_limits<float>::infinity();
+  if (max == ninf) {
+    x.setZero();
     return;
   }
-  float sum = 0.0f;
-  for (std::size_t j = 0; j < n; ++j) {
-    scores[j] = std::exp(scores[j] - max);
-    sum += scores[j];
-  }
-  const float inv = 1.0f / sum;
-  for (std::size_t j = 0; j < n; ++j) scores[j] *= inv;
+  // exp of a clamped argument is tiny but not 0 for -inf: select keeps masked entries at 0.
+  x = (x == ninf).select(0.0f, (x - max).exp());
+  x *= 1.0f / x.sum();
 }
 
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+// x <- silu(x) * y = x / (1 + exp(-x)) * y, elementwise over n floats (SwiGLU), vectorised.
+inline void swiglu(float* x, const float* y, std::size_t n) {
+  Eigen::Map<Eigen::ArrayXf> a(x, static_cast<Eigen::Index>(n));
+  Eigen::Map<const Eigen::ArrayXf> b(y, static_cast<Eigen::Index>(n));
+  a = a / (1.0f + (-a).exp()) * b;
+}
 
 // Index of the largest logit (the lowest index on ties) and its margin over the runner-up.
 inline std::pair<int, float> argmax_with_margin(const float* logits, std::size_t n) {

@@ -1,0 +1,309 @@
+// Padding vs length-sorted padding vs prepacking, on the reference model, measured side by side
+// in one run. One benchmark per (model, workload, batch size, method); each iteration prefills a
+// whole dataset of prompts batch by batch, timing what a server's time-to-first-token contains:
+// plan + layout + prefill + unpack into per-prompt caches + the first greedy token.
+//
+// Methods (a batch is `batch` prompts in arrival order unless said otherwise):
+//   padding       each batch padded to its longest prompt, left, dense mask (Hugging Face)
+//   sorted        the dataset sorted by length, then batched and padded as above
+//   ffd-dense     each batch prepacked first-fit-decreasing, block-diagonal dense mask (the paper)
+//   ffd-segment   the same rows, attention within each prompt's causal block only
+//   bfd-segment   best-fit-decreasing rows, segment attention
+//   dataset       the whole dataset prepacked once (FFD), its rows split into as many batches
+//   flat          each batch as one row of unbounded width, segment attention: no pad slot at
+//                 all, the physical limit of this problem on one machine
+//
+// Flags of our own, before Google Benchmark's:
+//   --quick             batch sizes 8 and 32, the small model only
+//   --smoke             a tiny model and dataset: checks results, for the test suite
+//   --lengths=FILE      add a workload "file" from prompt lengths in FILE
+//   --report_dir=DIR    write results.csv, results.md and the chart data there
+//   --dataset=N         prompts per dataset (default 64)
+//   --max_len=N         workload length scale (default 512)
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "prepack/prepack.hpp"
+#include "prepack/reference.hpp"
+#include "report.hpp"
+
+namespace ref = prepack::reference;
+
+namespace {
+
+struct options {
+  bool quick = false, smoke = false;
+  std::string lengths_file, report_dir;
+  std::size_t dataset = 64;
+  int max_len = 512;
+};
+options g_opt;
+
+struct model_spec {
+  std::string name;
+  ref::config cfg;
+};
+
+std::vector<model_spec> models() {
+  ref::config small;
+  small.vocab = 4096, small.hidden = 256, small.n_layers = 4, small.n_heads = 8, small.n_kv_heads = 2;
+  small.head_dim = 32, small.ffn = 688;
+  ref::config medium;
+  medium.vocab = 8192, medium.hidden = 512, medium.n_layers = 4, medium.n_heads = 8, medium.n_kv_heads = 2;
+  medium.head_dim = 64, medium.ffn = 1376;
+  ref::config tiny;
+  tiny.vocab = 256, tiny.hidden = 32, tiny.n_layers = 1, tiny.n_heads = 4, tiny.n_kv_heads = 2;
+  tiny.head_dim = 8, tiny.ffn = 64;
+  if (g_opt.smoke) return {{"tiny", tiny}};
+  if (g_opt.quick) return {{"small", small}};
+  return {{"small", small}, {"medium", medium}};
+}
+
+enum class method { padding, sorted, ffd_dense, ffd_segment, bfd_segment, dataset, flat };
+const std::vector<std::pair<method, const char*>> kMethods = {
+    {method::padding, "padding"},         {method::sorted, "sorted"},
+    {method::ffd_dense, "ffd-dense"},     {method::ffd_segment, "ffd-segment"},
+    {method::bfd_segment, "bfd-segment"}, {method::dataset, "dataset"},
+    {method::flat, "flat"}};
+
+struct workload {
+  std::string name;
+  std::vector<int> lengths;
+};
+
+std::vector<workload> workloads() {
+  std::vector<workload> out;
+  for (prepack::profile p : prepack::all_profiles()) {
+    out.push_back({prepack::profile_name(p), prepack::generate_lengths(p, g_opt.dataset, 2024, g_opt.max_len)});
+  }
+  if (!g_opt.lengths_file.empty()) {
+    std::ifstream in(g_opt.lengths_file);
+    if (!in) throw prepack::error("cannot open '" + g_opt.lengths_file + "'");
+    workload w{"file", {}};
+    for (const auto& rec : prepack::read_records(in, g_opt.lengths_file, "length", 1 << 20)) {
+      for (long long v : rec.values) {
+        if (v == 0) throw prepack::error(g_opt.lengths_file + ":" + std::to_string(rec.line) + ": length 0");
+        w.lengths.push_back(static_cast<int>(v));
+      }
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+// One prefill batch: which prompts, and how they are planned.
+struct batch_job {
+  std::vector<std::size_t> ids;                 // prompts of the dataset, in batch order
+  std::optional<prepack::pack_plan<int>> plan;  // set when planned ahead (dataset method)
+};
+
+struct totals {
+  double useful = 0, slots = 0, linear_flops = 0, linear_seconds = 0;
+  std::size_t peak_bytes = 0, n_batches = 0;
+  double max_logit_diff = 0;  // against prefilling each prompt alone
+};
+
+// Prefills the dataset with one method; the timed region of the benchmark.
+totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& prompts,
+                   const std::vector<int>& len, method me, std::size_t batch, const ref::matrix* check) {
+  totals t;
+  const ref::attention path = me == method::padding || me == method::sorted || me == method::ffd_dense
+                                  ? ref::attention::dense : ref::attention::segment;
+  std::vector<batch_job> jobs;
+  if (me == method::dataset) {
+    const auto whole = prepack::first_fit_decreasing(len);
+    const std::size_t n_batches = (len.size() + batch - 1) / batch;
+    const std::size_t rows = std::max<std::size_t>(1, (whole.n_rows() + n_batches - 1) / n_batches);
+    for (auto& b : prepack::split_rows(whole, rows)) jobs.push_back({std::move(b.prompts), std::move(b.plan)});
+  } else {
+    const auto groups = me == method::sorted ? prepack::length_sorted_batches(prepack::span<const int>(len), batch)
+                                             : prepack::arrival_batches(len.size(), batch);
+    for (const auto& g : groups) jobs.push_back({g, std::nullopt});
+  }
+  for (const batch_job& job : jobs) {
+    std::vector<std::vector<int>> batch_prompts;
+    std::vector<int> batch_len;
+    for (std::size_t i : job.ids) {
+      batch_prompts.push_back(prompts[i]);
+      batch_len.push_back(len[i]);
+    }
+    int total = 0;
+    for (int l : batch_len) total += l;
+    prepack::pack_plan<int> plan;
+    switch (me) {
+      case method::padding:
+      case method::sorted: plan = prepack::padded(batch_len); break;
+      case method::ffd_dense:
+      case method::ffd_segment: plan = prepack::first_fit_decreasing(batch_len); break;
+      case method::bfd_segment: plan = prepack::best_fit_decreasing(batch_len); break;
+      case method::dataset: plan = *job.plan; break;
+      case method::flat: plan = prepack::first_fit_decreasing(batch_len, total); break;
+    }
+    const auto layout = prepack::make_layout(plan, batch_prompts, {m.cfg().pad_id, 0});
+    const auto r = m.prefill(layout, {path, 0});
+    const auto caches = ref::unpack_caches(m, layout, r, 0);
+    for (Eigen::Index i = 0; i < r.logits.rows(); ++i) {  // the first token
+      Eigen::Index best;
+      r.logits.row(i).maxCoeff(&best);
+      benchmark::DoNotOptimize(best);
+    }
+    benchmark::DoNotOptimize(caches.data());
+    t.useful += static_cast<double>(plan.useful_tokens());
+    t.slots += static_cast<double>(plan.slots());
+    t.linear_flops += r.profile.linear_flops;
+    t.linear_seconds += r.profile.seconds_linear;
+    t.peak_bytes = std::max(t.peak_bytes, r.memory.peak_bytes);
+    ++t.n_batches;
+    if (check != nullptr) {
+      for (std::size_t k = 0; k < job.ids.size(); ++k) {
+        const double d = (check->row(static_cast<Eigen::Index>(job.ids[k])) - r.logits.row(static_cast<Eigen::Index>(k)))
+                             .cwiseAbs().maxCoeff();
+        t.max_logit_diff = std::max(t.max_logit_diff, d);
+      }
+    }
+  }
+  return t;
+}
+
+// GFLOP/s of a raw Eigen GEMM [rows][hidden] x [hidden][ffn], the linear layers' largest shape,
+// best of a few runs with the same threads.
+double gemm_gflops(const ref::config& c, Eigen::Index rows) {
+  ref::matrix a = ref::matrix::Random(rows, c.hidden), b = ref::matrix::Random(c.hidden, c.ffn), out(rows, c.ffn);
+  double best = 0;
+  for (int k = 0; k < 5; ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    out.noalias() = a * b;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    benchmark::DoNotOptimize(out.data());
+    best = std::max(best, 2.0 * static_cast<double>(rows) * c.hidden * c.ffn / s / 1e9);
+  }
+  return best;
+}
+
+report::table g_results;
+
+void register_all() {
+  static std::vector<std::unique_ptr<ref::model>> keep;
+  const std::vector<std::size_t> batches = g_opt.smoke ? std::vector<std::size_t>{4, 8}
+                                           : g_opt.quick ? std::vector<std::size_t>{8, 32}
+                                                         : std::vector<std::size_t>{4, 8, 16, 32, 64};
+  for (const model_spec& ms : models()) {
+    keep.push_back(std::make_unique<ref::model>(ms.cfg, 7));
+    const ref::model* m = keep.back().get();
+    for (const workload& w : workloads()) {
+      auto prompts = std::make_shared<std::vector<std::vector<int>>>(prepack::generate_prompts(w.lengths, ms.cfg.vocab, 99));
+      auto lengths = std::make_shared<std::vector<int>>(w.lengths);
+      auto alone = std::make_shared<ref::matrix>();
+      for (std::size_t batch : batches) {
+        for (const auto& [me, mname] : kMethods) {
+          const std::string name = "prefill/" + ms.name + "/" + w.name + "/" + mname + "/" + std::to_string(batch);
+          report::key key{ms.name, w.name, mname, batch};
+          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
+            if (alone->size() == 0) *alone = ref::prefill_alone(*m, *prompts).second;
+            // One untimed pass checks the numbers against prefilling each prompt alone.
+            const totals check = run_dataset(*m, *prompts, *lengths, me, batch, alone.get());
+            if (check.max_logit_diff > 1e-3) {
+              state.SkipWithError("logits differ from prefilling each prompt alone");
+              return;
+            }
+            totals t;
+            for (auto _ : state) t = run_dataset(*m, *prompts, *lengths, me, batch, nullptr);
+            const double gemm = gemm_gflops(m->cfg(), static_cast<Eigen::Index>(t.slots / static_cast<double>(t.n_batches)));
+            state.counters["batches"] = static_cast<double>(t.n_batches);
+            state.counters["s_per_batch"] = benchmark::Counter(static_cast<double>(t.n_batches),
+                                                               benchmark::Counter::kIsIterationInvariantRate |
+                                                                   benchmark::Counter::kInvert);
+            state.counters["useful_tok_per_s"] = benchmark::Counter(t.useful, benchmark::Counter::kIsIterationInvariantRate);
+            state.counters["padded_ratio"] = t.slots / t.useful;
+            state.counters["peak_MiB"] = static_cast<double>(t.peak_bytes) / (1024.0 * 1024.0);
+            state.counters["linear_GFLOPs"] = t.linear_flops / t.linear_seconds / 1e9;
+            state.counters["gemm_GFLOPs"] = gemm;
+            state.counters["max_diff"] = check.max_logit_diff;
+            report::row row;
+            row.k = key;
+            row.useful_tokens = t.useful;
+            row.slots = t.slots;
+            row.peak_bytes = static_cast<double>(t.peak_bytes);
+            row.linear_gflops = t.linear_flops / t.linear_seconds / 1e9;
+            row.gemm_gflops = gemm;
+            row.max_diff = check.max_logit_diff;
+            row.batches = static_cast<double>(t.n_batches);
+            g_results.pending[name] = row;
+          })->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(g_opt.smoke ? 0.01 : 0.5);
+        }
+      }
+    }
+  }
+}
+
+// Collects each benchmark's measured time per iteration into the report rows.
+class collecting_reporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      if (r.error_occurred || r.run_type != Run::RT_Iteration) continue;
+      const auto it = g_results.pending.find(r.run_name.function_name);
+      if (it == g_results.pending.end()) continue;
+      report::row row = it->second;
+      row.seconds = r.GetAdjustedRealTime() / 1e3;  // reported in ms
+      g_results.rows.push_back(row);
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+};
+
+bool take_flag(const char* arg, const char* name, std::string* value) {
+  const std::size_t n = std::strlen(name);
+  if (std::strncmp(arg, name, n) != 0) return false;
+  if (value == nullptr) return arg[n] == '\0';
+  if (arg[n] != '=') return false;
+  *value = arg + n + 1;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest{argv[0]};
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string v;
+      if (take_flag(argv[i], "--quick", nullptr)) g_opt.quick = true;
+      else if (take_flag(argv[i], "--smoke", nullptr)) g_opt.smoke = true;
+      else if (take_flag(argv[i], "--lengths", &v)) g_opt.lengths_file = v;
+      else if (take_flag(argv[i], "--report_dir", &v)) g_opt.report_dir = v;
+      else if (take_flag(argv[i], "--dataset", &v)) g_opt.dataset = static_cast<std::size_t>(std::stoul(v));
+      else if (take_flag(argv[i], "--max_len", &v)) g_opt.max_len = std::stoi(v);
+      else rest.push_back(argv[i]);
+    }
+    if (g_opt.smoke) {
+      g_opt.dataset = std::min<std::size_t>(g_opt.dataset, 12);
+      g_opt.max_len = std::min(g_opt.max_len, 48);
+    }
+    register_all();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_prefill: %s\n", e.what());
+    return 2;
+  }
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
+  collecting_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  if (!g_opt.report_dir.empty()) {
+    report::write(g_results, g_opt.report_dir);
+    std::printf("report written to %s\n", g_opt.report_dir.c_str());
+  }
+  return 0;
+}

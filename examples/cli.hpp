@@ -1,0 +1,100 @@
+// A small command-line parser for prepack's example binaries: --flag VALUE and --switch forms,
+// integers range-checked, every mistake reported as one line naming the flag and value.
+#pragma once
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace cli {
+
+/// A usage mistake: the binary prints what() and exits with code 2.
+struct usage_error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class args {
+ public:
+  /// `valued` flags take a value, `switches` do not; anything else is an error.
+  args(int argc, char** argv, std::set<std::string> valued, std::set<std::string> switches) {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      std::string value;
+      bool has_value = false;
+      if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "' (try --help)");
+      if (const auto eq = a.find('='); eq != std::string::npos) {
+        value = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_value = true;
+      }
+      if (switches.count(a)) {
+        if (has_value) throw usage_error(a + " takes no value");
+        values_[a] = "1";
+      } else if (valued.count(a)) {
+        if (!has_value) {
+          if (i + 1 >= argc) throw usage_error(a + " needs a value");
+          value = argv[++i];
+        }
+        values_[a] = value;
+      } else {
+        throw usage_error("unknown flag '" + a + "' (try --help)");
+      }
+    }
+  }
+
+  bool has(const std::string& flag) const { return values_.count(flag) != 0; }
+
+  std::string str(const std::string& flag, const std::string& fallback) const {
+    const auto it = values_.find(flag);
+    return it == values_.end() ? fallback : it->second;
+  }
+
+  long long integer(const std::string& flag, long long fallback, long long lo, long long hi) const {
+    const auto it = values_.find(flag);
+    if (it == values_.end()) return fallback;
+    const std::string& s = it->second;
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(s.c_str(), &end, 10);
+    if (s.empty() || *end != '\0' || errno == ERANGE) {
+      throw usage_error(flag + " '" + s + "' is not an integer");
+    }
+    if (v < lo || v > hi) {
+      throw usage_error(flag + " " + s + " outside " + std::to_string(lo) + ".." + std::to_string(hi));
+    }
+    return v;
+  }
+
+  double real(const std::string& flag, double fallback, double lo, double hi) const {
+    const auto it = values_.find(flag);
+    if (it == values_.end()) return fallback;
+    char* end = nullptr;
+    const double v = std::strtod(it->second.c_str(), &end);
+    if (it->second.empty() || *end != '\0' || !(v >= lo && v <= hi)) {
+      throw usage_error(flag + " '" + it->second + "' is not a number in [" + std::to_string(lo) +
+                        ", " + std::to_string(hi) + "]");
+    }
+    return v;
+  }
+
+  std::string choice(const std::string& flag, const std::string& fallback,
+                     const std::vector<std::string>& options) const {
+    const std::string v = str(flag, fallback);
+    for (const auto& o : options) {
+      if (o == v) return v;
+    }
+    std::string list;
+    for (const auto& o : options) list += (list.empty() ? "" : "|") + o;
+    throw usage_error(flag + " '" + v + "' is not one of " + list);
+  }
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace cli

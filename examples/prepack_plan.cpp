@@ -1,0 +1,130 @@
+// prepack_plan: size a dataset before running anything. Reads prompt lengths, plans them with
+// first-fit-decreasing and best-fit-decreasing, and prints where every prompt goes and the
+// padding it saves over padding every prompt to the longest.
+//
+//   prepack_plan --lengths FILE            lengths separated by spaces, commas or newlines
+//   seq 1 100 | prepack_plan --format csv  reads stdin when --lengths is absent or '-'
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "prepack/prepack.hpp"
+
+namespace {
+
+const char* kHelp = R"(prepack_plan - plan prompt lengths into packed rows
+
+  --lengths FILE        prompt lengths, separated by spaces, commas or newlines ('#' comments);
+                        '-' or absent: standard input
+  --capacity N          tokens per row (default: the longest prompt)
+  --packer ffd|bfd|both which planner(s) to run (default both)
+  --format summary|json|csv
+                        summary (default): totals per planner; json: totals and every row;
+                        csv: one line per prompt (packer,prompt,length,row,offset)
+Exit codes: 0 ok; 2 bad flags or input.
+)";
+
+struct named_plan {
+  const char* name;
+  prepack::pack_plan<long long> plan;
+};
+
+int run(int argc, char** argv) {
+  const cli::args a(argc, argv, {"--lengths", "--capacity", "--packer", "--format"}, {"--help"});
+  if (a.has("--help")) {
+    std::cout << kHelp;
+    return 0;
+  }
+  const std::string which = a.choice("--packer", "both", {"ffd", "bfd", "both"});
+  const std::string format = a.choice("--format", "summary", {"summary", "json", "csv"});
+  const long long cap = a.integer("--capacity", 0, 1, 1ll << 40);
+  const std::string file = a.str("--lengths", "-");
+
+  std::ifstream f;
+  if (file != "-") {
+    f.open(file);
+    if (!f) throw cli::usage_error("cannot open '" + file + "'");
+  }
+  std::istream& in = file == "-" ? std::cin : f;
+  const std::string source = file == "-" ? "<stdin>" : file;
+  std::vector<long long> len;
+  for (const auto& rec : prepack::read_records(in, source, "length", 1ll << 40)) {
+    for (long long v : rec.values) {
+      if (v == 0) {
+        throw prepack::error(source + ":" + std::to_string(rec.line) + ": prompt " +
+                             std::to_string(len.size()) + ": length 0");
+      }
+      len.push_back(v);
+    }
+  }
+  const std::optional<long long> capacity = a.has("--capacity") ? std::optional<long long>(cap) : std::nullopt;
+  std::vector<named_plan> plans;
+  if (which != "bfd") plans.push_back({"ffd", prepack::first_fit_decreasing(len, capacity)});
+  if (which != "ffd") plans.push_back({"bfd", prepack::best_fit_decreasing(len, capacity)});
+
+  long long longest = 0;
+  for (long long v : len) longest = std::max(longest, v);
+  const double useful = static_cast<double>(plans.front().plan.useful_tokens());
+  const double padded = static_cast<double>(len.size()) * static_cast<double>(longest);
+
+  if (format == "csv") {
+    std::printf("packer,prompt,length,row,offset\n");
+    for (const auto& p : plans) {
+      for (std::size_t i = 0; i < len.size(); ++i) {
+        std::printf("%s,%zu,%lld,%zu,%lld\n", p.name, i, len[i], p.plan.row[i], p.plan.offset[i]);
+      }
+    }
+    return 0;
+  }
+  if (format == "json") {
+    std::printf("{\"n_prompts\": %zu, \"useful_tokens\": %.0f, \"longest\": %lld, \"padded_slots\": %.0f, \"plans\": {",
+                len.size(), useful, longest, padded);
+    for (std::size_t k = 0; k < plans.size(); ++k) {
+      const auto& p = plans[k].plan;
+      std::printf("%s\"%s\": {\"capacity\": %lld, \"n_rows\": %zu, \"slots\": %zu, \"fill\": %.6f, "
+                  "\"padded_over_packed\": %.6f, \"rows\": [",
+                  k ? ", " : "", plans[k].name, p.capacity, p.n_rows(), p.slots(),
+                  useful / static_cast<double>(p.slots()), padded / static_cast<double>(p.slots()));
+      for (std::size_t r = 0; r < p.n_rows(); ++r) {
+        std::printf("%s{\"fill\": %lld, \"prompts\": [", r ? ", " : "", p.fill[r]);
+        for (std::size_t j = p.row_begin[r]; j < p.row_begin[r + 1]; ++j) {
+          const std::size_t i = p.row_prompts[j];
+          std::printf("%s[%zu, %lld, %lld]", j > p.row_begin[r] ? ", " : "", i, p.offset[i], p.length[i]);
+        }
+        std::printf("]}");
+      }
+      std::printf("]}");
+    }
+    std::printf("}}\n");
+    return 0;
+  }
+  std::printf("%zu prompts, %.0f tokens, longest %lld\n", len.size(), useful, longest);
+  std::printf("padding to the longest: %.0f slots (%.2fx the tokens)\n", padded, padded / useful);
+  for (const auto& p : plans) {
+    std::printf("%s: capacity %lld, %zu rows, %zu slots (%.2fx the tokens, fill %.1f%%), %.2fx fewer slots than padding\n",
+                p.name, p.plan.capacity, p.plan.n_rows(), p.plan.slots(),
+                static_cast<double>(p.plan.slots()) / useful, 100.0 * useful / static_cast<double>(p.plan.slots()),
+                padded / static_cast<double>(p.plan.slots()));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const cli::usage_error& e) {
+    std::fprintf(stderr, "prepack_plan: %s\n", e.what());
+  } catch (const prepack::error& e) {
+    std::fprintf(stderr, "prepack_plan: %s\n", e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "prepack_plan: out of memory\n");
+  }
+  return 2;
+}

@@ -1,0 +1,166 @@
+// prepack/workload.hpp - named prompt-length profiles for demos, tests and benchmarks, and a
+// reader for prompt files. Deterministic: the same (profile, n, seed, max_len) gives the same
+// lengths on every platform (its generator is splitmix64, not <random>'s distributions).
+//
+//  equal      every prompt max_len / 2 tokens: nothing to save, the control.
+//  mild       uniform in [max_len / 2, max_len]: padding wastes about 1/3.
+//  heavy      log-normal, median max_len / 8, sigma 1, clamped to [4, 4 max_len]: most prompts
+//             short, a few very long, as chat and few-shot QA traffic (MMLU-like) looks.
+//  heavy-cut  heavy, clamped to [4, max_len]: the same traffic under a context limit.
+//  one-long   one prompt of max_len, the rest uniform in [4, 32]: the worst case for padding.
+// Cost: O(n).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <algorithm>
+#include <istream>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+
+enum class profile { equal, mild, heavy, heavy_cut, one_long };
+
+inline const char* profile_name(profile p) {
+  switch (p) {
+    case profile::equal: return "equal";
+    case profile::mild: return "mild";
+    case profile::heavy: return "heavy";
+    case profile::heavy_cut: return "heavy-cut";
+    case profile::one_long: return "one-long";
+  }
+  return "?";
+}
+
+inline const std::vector<profile>& all_profiles() {
+  static const std::vector<profile> all{profile::equal, profile::mild, profile::heavy,
+                                        profile::heavy_cut, profile::one_long};
+  return all;
+}
+
+/// The profile of a name; throws prepack::error listing the names for an unknown one.
+inline profile parse_profile(const std::string& name) {
+  for (profile p : all_profiles()) {
+    if (name == profile_name(p)) return p;
+  }
+  detail::fail("unknown profile '", name, "' (equal, mild, heavy, heavy-cut, one-long)");
+}
+
+namespace detail {
+class splitmix {
+ public:
+  explicit splitmix(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
+  int between(int lo, int hi) {  // uniform in [lo, hi]
+    return lo + static_cast<int>(next() % static_cast<std::uint64_t>(hi - lo + 1));
+  }
+  double normal() {  // Box-Muller
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
+
+ private:
+  std::uint64_t s_;
+};
+}  // namespace detail
+
+/// n prompt lengths of profile p. Throws prepack::error for n == 0 or max_len < 8.
+inline std::vector<int> generate_lengths(profile p, std::size_t n, std::uint64_t seed,
+                                         int max_len = 512) {
+  detail::require(n > 0, "workload: 0 prompts");
+  detail::require(max_len >= 8, "workload: max_len ", max_len, " (at least 8)");
+  detail::splitmix g(seed);
+  std::vector<int> len(n);
+  const auto lognormal = [&](int hi) {
+    const double v = std::exp(std::log(max_len / 8.0) + g.normal());
+    return static_cast<int>(std::lround(std::min<double>(hi, std::max(4.0, v))));
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    switch (p) {
+      case profile::equal: len[i] = max_len / 2; break;
+      case profile::mild: len[i] = g.between(max_len / 2, max_len); break;
+      case profile::heavy: len[i] = lognormal(4 * max_len); break;
+      case profile::heavy_cut: len[i] = lognormal(max_len); break;
+      case profile::one_long: len[i] = g.between(4, 32); break;
+    }
+  }
+  if (p == profile::one_long) len[static_cast<std::size_t>(g.next() % n)] = max_len;
+  return len;
+}
+
+/// Random token ids in [first, vocab) for prompts of the given lengths (first > 0 keeps a pad
+/// id of 0 out of the prompts, which changes nothing but reads better).
+inline std::vector<std::vector<int>> generate_prompts(const std::vector<int>& lengths, int vocab,
+                                                      std::uint64_t seed, int first = 1) {
+  detail::require(vocab > first, "workload: vocab ", vocab);
+  detail::splitmix g(seed ^ 0x5DEECE66Dull);
+  std::vector<std::vector<int>> p(lengths.size());
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    detail::require(lengths[i] > 0, "prompt ", i, ": length ", lengths[i]);
+    p[i].resize(static_cast<std::size_t>(lengths[i]));
+    for (int& t : p[i]) t = g.between(first, vocab - 1);
+  }
+  return p;
+}
+
+/// One non-blank line of a record file.
+struct record {
+  std::size_t line = 0;          // 1-based line number in the source
+  std::vector<long long> values;  // the line's integers, in order
+};
+
+/// Reads integers, one record per non-blank line ('#' starts a comment), separated by spaces,
+/// tabs or commas. Throws prepack::error naming `source`, the line and the offending text for
+/// anything that is not a non-negative integer below `limit` ("prompts.txt:3: token id 'x7' is
+/// not a non-negative integer"), for a line with more than max_per_line values, and for an
+/// input with no records. `what` names a value in messages.
+inline std::vector<record> read_records(std::istream& in, const std::string& source,
+                                        const char* what, long long limit,
+                                        std::size_t max_per_line = std::size_t{1} << 24) {
+  std::vector<record> out;
+  std::string line;
+  std::size_t line_no = 0;
+  const auto is_sep = [](char ch) { return ch == ' ' || ch == '\t' || ch == ',' || ch == '\r'; };
+  while (std::getline(in, line)) {
+    ++line_no;
+    record rec{line_no, {}};
+    const std::size_t end = std::min(line.size(), line.find('#'));
+    std::size_t i = 0;
+    while (i < end) {
+      if (is_sep(line[i])) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < end && !is_sep(line[j])) ++j;
+      const std::string tok = line.substr(i, j - i);
+      bool digits = tok.size() <= 18;
+      for (char d : tok) digits = digits && d >= '0' && d <= '9';
+      const std::string shown = tok.size() > 32 ? tok.substr(0, 32) + "..." : tok;
+      if (!digits) detail::fail(source, ":", line_no, ": ", what, " '", shown, "' is not a non-negative integer");
+      const long long v = std::stoll(tok);
+      if (v >= limit) detail::fail(source, ":", line_no, ": ", what, " ", v, " is not below ", limit);
+      if (rec.values.size() == max_per_line) {
+        detail::fail(source, ":", line_no, ": more than ", max_per_line, " values on one line");
+      }
+      rec.values.push_back(v);
+      i = j;
+    }
+    if (!rec.values.empty()) out.push_back(std::move(rec));
+  }
+  detail::require(!in.bad(), source, ": read error");
+  detail::require(!out.empty(), source, ": no records (empty input?)");
+  return out;
+}
+
+PREPACK_NAMESPACE_END
