@@ -20,8 +20,8 @@ void BM_PlanFFD(benchmark::State& state) {
     benchmark::DoNotOptimize(plan.fill.data());
   }
   state.SetComplexityN(state.range(0));
-  state.counters["prompts_per_s"] = benchmark::Counter(static_cast<double>(state.range(0)),
-                                                       benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["prompts_per_s"] = benchmark::Counter(
+      static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_PlanBFD(benchmark::State& state) {
@@ -31,8 +31,8 @@ void BM_PlanBFD(benchmark::State& state) {
     benchmark::DoNotOptimize(plan.fill.data());
   }
   state.SetComplexityN(state.range(0));
-  state.counters["prompts_per_s"] = benchmark::Counter(static_cast<double>(state.range(0)),
-                                                       benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["prompts_per_s"] = benchmark::Counter(
+      static_cast<double>(state.range(0)), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // Plan + packed layout (tokens, positions, segments), the std-only work before a prefill.
@@ -47,13 +47,25 @@ void BM_PlanAndLayout(benchmark::State& state) {
     benchmark::DoNotOptimize(layout.tokens.data());
   }
   state.SetComplexityN(state.range(0));
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(total),
-                                                      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_PlanFFD)->RangeMultiplier(10)->Range(1000, 1000000)->Unit(benchmark::kMillisecond)->Complexity(benchmark::oNLogN);
-BENCHMARK(BM_PlanBFD)->RangeMultiplier(10)->Range(1000, 1000000)->Unit(benchmark::kMillisecond)->Complexity(benchmark::oNLogN);
-BENCHMARK(BM_PlanAndLayout)->RangeMultiplier(10)->Range(1000, 100000)->Unit(benchmark::kMillisecond)->Complexity(benchmark::oN);
+BENCHMARK(BM_PlanFFD)
+    ->RangeMultiplier(10)
+    ->Range(1000, 1000000)
+    ->Unit(benchmark::kMillisecond)
+    ->Complexity(benchmark::oNLogN);
+BENCHMARK(BM_PlanBFD)
+    ->RangeMultiplier(10)
+    ->Range(1000, 1000000)
+    ->Unit(benchmark::kMillisecond)
+    ->Complexity(benchmark::oNLogN);
+BENCHMARK(BM_PlanAndLayout)
+    ->RangeMultiplier(10)
+    ->Range(1000, 100000)
+    ->Unit(benchmark::kMillisecond)
+    ->Complexity(benchmark::oN);
 
 }  // namespace
 

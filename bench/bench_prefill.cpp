@@ -56,10 +56,12 @@ struct model_spec {
 
 std::vector<model_spec> models() {
   ref::config small;
-  small.vocab = 4096, small.hidden = 256, small.n_layers = 4, small.n_heads = 8, small.n_kv_heads = 2;
+  small.vocab = 4096, small.hidden = 256, small.n_layers = 4, small.n_heads = 8,
+  small.n_kv_heads = 2;
   small.head_dim = 32, small.ffn = 688;
   ref::config medium;
-  medium.vocab = 8192, medium.hidden = 512, medium.n_layers = 4, medium.n_heads = 8, medium.n_kv_heads = 2;
+  medium.vocab = 8192, medium.hidden = 512, medium.n_layers = 4, medium.n_heads = 8,
+  medium.n_kv_heads = 2;
   medium.head_dim = 64, medium.ffn = 1376;
   ref::config tiny;
   tiny.vocab = 256, tiny.hidden = 32, tiny.n_layers = 1, tiny.n_heads = 4, tiny.n_kv_heads = 2;
@@ -70,11 +72,13 @@ std::vector<model_spec> models() {
 }
 
 enum class method { padding, sorted, ffd_dense, ffd_segment, bfd_segment, dataset, flat };
-const std::vector<std::pair<method, const char*>> kMethods = {
-    {method::padding, "padding"},         {method::sorted, "sorted"},
-    {method::ffd_dense, "ffd-dense"},     {method::ffd_segment, "ffd-segment"},
-    {method::bfd_segment, "bfd-segment"}, {method::dataset, "dataset"},
-    {method::flat, "flat"}};
+const std::vector<std::pair<method, const char*>> kMethods = {{method::padding, "padding"},
+                                                              {method::sorted, "sorted"},
+                                                              {method::ffd_dense, "ffd-dense"},
+                                                              {method::ffd_segment, "ffd-segment"},
+                                                              {method::bfd_segment, "bfd-segment"},
+                                                              {method::dataset, "dataset"},
+                                                              {method::flat, "flat"}};
 
 struct workload {
   std::string name;
@@ -84,7 +88,8 @@ struct workload {
 std::vector<workload> workloads() {
   std::vector<workload> out;
   for (prepack::profile p : prepack::all_profiles()) {
-    out.push_back({prepack::profile_name(p), prepack::generate_lengths(p, g_opt.dataset, 2024, g_opt.max_len)});
+    out.push_back({prepack::profile_name(p),
+                   prepack::generate_lengths(p, g_opt.dataset, 2024, g_opt.max_len)});
   }
   if (!g_opt.lengths_file.empty()) {
     std::ifstream in(g_opt.lengths_file);
@@ -92,7 +97,8 @@ std::vector<workload> workloads() {
     workload w{"file", {}};
     for (const auto& rec : prepack::read_records(in, g_opt.lengths_file, "length", 1 << 20)) {
       for (long long v : rec.values) {
-        if (v == 0) throw prepack::error(g_opt.lengths_file + ":" + std::to_string(rec.line) + ": length 0");
+        if (v == 0)
+          throw prepack::error(g_opt.lengths_file + ":" + std::to_string(rec.line) + ": length 0");
         w.lengths.push_back(static_cast<int>(v));
       }
     }
@@ -115,19 +121,24 @@ struct totals {
 
 // Prefills the dataset with one method; the timed region of the benchmark.
 totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& prompts,
-                   const std::vector<int>& len, method me, std::size_t batch, const ref::matrix* check) {
+                   const std::vector<int>& len, method me, std::size_t batch,
+                   const ref::matrix* check) {
   totals t;
-  const ref::attention path = me == method::padding || me == method::sorted || me == method::ffd_dense
-                                  ? ref::attention::dense : ref::attention::segment;
+  const ref::attention path =
+      me == method::padding || me == method::sorted || me == method::ffd_dense
+          ? ref::attention::dense
+          : ref::attention::segment;
   std::vector<batch_job> jobs;
   if (me == method::dataset) {
     const auto whole = prepack::first_fit_decreasing(len);
     const std::size_t n_batches = (len.size() + batch - 1) / batch;
     const std::size_t rows = std::max<std::size_t>(1, (whole.n_rows() + n_batches - 1) / n_batches);
-    for (auto& b : prepack::split_rows(whole, rows)) jobs.push_back({std::move(b.prompts), std::move(b.plan)});
+    for (auto& b : prepack::split_rows(whole, rows))
+      jobs.push_back({std::move(b.prompts), std::move(b.plan)});
   } else {
-    const auto groups = me == method::sorted ? prepack::length_sorted_batches(prepack::span<const int>(len), batch)
-                                             : prepack::arrival_batches(len.size(), batch);
+    const auto groups = me == method::sorted
+                            ? prepack::length_sorted_batches(prepack::span<const int>(len), batch)
+                            : prepack::arrival_batches(len.size(), batch);
     for (const auto& g : groups) jobs.push_back({g, std::nullopt});
   }
   for (const batch_job& job : jobs) {
@@ -142,12 +153,22 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
     prepack::pack_plan<int> plan;
     switch (me) {
       case method::padding:
-      case method::sorted: plan = prepack::padded(batch_len); break;
+      case method::sorted:
+        plan = prepack::padded(batch_len);
+        break;
       case method::ffd_dense:
-      case method::ffd_segment: plan = prepack::first_fit_decreasing(batch_len); break;
-      case method::bfd_segment: plan = prepack::best_fit_decreasing(batch_len); break;
-      case method::dataset: plan = *job.plan; break;
-      case method::flat: plan = prepack::first_fit_decreasing(batch_len, total); break;
+      case method::ffd_segment:
+        plan = prepack::first_fit_decreasing(batch_len);
+        break;
+      case method::bfd_segment:
+        plan = prepack::best_fit_decreasing(batch_len);
+        break;
+      case method::dataset:
+        plan = *job.plan;
+        break;
+      case method::flat:
+        plan = prepack::first_fit_decreasing(batch_len, total);
+        break;
     }
     const auto layout = prepack::make_layout(plan, batch_prompts, {m.cfg().pad_id, 0});
     const auto r = m.prefill(layout, {path, 0});
@@ -166,8 +187,10 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
     ++t.n_batches;
     if (check != nullptr) {
       for (std::size_t k = 0; k < job.ids.size(); ++k) {
-        const double d = (check->row(static_cast<Eigen::Index>(job.ids[k])) - r.logits.row(static_cast<Eigen::Index>(k)))
-                             .cwiseAbs().maxCoeff();
+        const double d = (check->row(static_cast<Eigen::Index>(job.ids[k])) -
+                          r.logits.row(static_cast<Eigen::Index>(k)))
+                             .cwiseAbs()
+                             .maxCoeff();
         t.max_logit_diff = std::max(t.max_logit_diff, d);
       }
     }
@@ -175,17 +198,32 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
   return t;
 }
 
-// GFLOP/s of a raw Eigen GEMM [rows][hidden] x [hidden][ffn], the linear layers' largest shape,
-// best of a few runs with the same threads.
+// GFLOP/s of raw Eigen GEMMs of the linear layers' shapes for `rows` tokens (Q, K, V, O, gate,
+// up, down, as one layer runs them), best of three, with the same threads: the yardstick the
+// kernel's linear layers are held to.
 double gemm_gflops(const ref::config& c, Eigen::Index rows) {
-  ref::matrix a = ref::matrix::Random(rows, c.hidden), b = ref::matrix::Random(c.hidden, c.ffn), out(rows, c.ffn);
+  const Eigen::Index h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
+  ref::matrix x = ref::matrix::Random(rows, h), a = ref::matrix::Random(rows, q),
+              g = ref::matrix::Random(rows, f);
+  ref::matrix wq = ref::matrix::Random(h, q), wk = ref::matrix::Random(h, kv),
+              wo = ref::matrix::Random(q, h), wg = ref::matrix::Random(h, f),
+              wd = ref::matrix::Random(f, h);
+  ref::matrix oq(rows, q), ok(rows, kv), oh(rows, h), of(rows, f);
+  const double flops = 2.0 * static_cast<double>(rows) *
+                       static_cast<double>(h * q + 2 * h * kv + q * h + 2 * h * f + f * h);
   double best = 0;
-  for (int k = 0; k < 5; ++k) {
+  for (int k = 0; k < 3; ++k) {
     const auto t0 = std::chrono::steady_clock::now();
-    out.noalias() = a * b;
+    oq.noalias() = x * wq;
+    ok.noalias() = x * wk;
+    ok.noalias() = x * wk;
+    oh.noalias() += a * wo;
+    of.noalias() = x * wg;
+    of.noalias() = x * wg;
+    oh.noalias() += g * wd;
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    benchmark::DoNotOptimize(out.data());
-    best = std::max(best, 2.0 * static_cast<double>(rows) * c.hidden * c.ffn / s / 1e9);
+    benchmark::DoNotOptimize(oh.data());
+    best = std::max(best, flops / s / 1e9);
   }
   return best;
 }
@@ -195,51 +233,62 @@ report::table g_results;
 void register_all() {
   static std::vector<std::unique_ptr<ref::model>> keep;
   const std::vector<std::size_t> batches = g_opt.smoke ? std::vector<std::size_t>{4, 8}
-                                           : g_opt.quick ? std::vector<std::size_t>{8, 32}
-                                                         : std::vector<std::size_t>{4, 8, 16, 32, 64};
+                                           : g_opt.quick
+                                               ? std::vector<std::size_t>{8, 32}
+                                               : std::vector<std::size_t>{4, 8, 16, 32, 64};
   for (const model_spec& ms : models()) {
     keep.push_back(std::make_unique<ref::model>(ms.cfg, 7));
     const ref::model* m = keep.back().get();
     for (const workload& w : workloads()) {
-      auto prompts = std::make_shared<std::vector<std::vector<int>>>(prepack::generate_prompts(w.lengths, ms.cfg.vocab, 99));
+      auto prompts = std::make_shared<std::vector<std::vector<int>>>(
+          prepack::generate_prompts(w.lengths, ms.cfg.vocab, 99));
       auto lengths = std::make_shared<std::vector<int>>(w.lengths);
       auto alone = std::make_shared<ref::matrix>();
       for (std::size_t batch : batches) {
         for (const auto& [me, mname] : kMethods) {
-          const std::string name = "prefill/" + ms.name + "/" + w.name + "/" + mname + "/" + std::to_string(batch);
+          const std::string name =
+              "prefill/" + ms.name + "/" + w.name + "/" + mname + "/" + std::to_string(batch);
           report::key key{ms.name, w.name, mname, batch};
-          benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& state) {
-            if (alone->size() == 0) *alone = ref::prefill_alone(*m, *prompts).second;
-            // One untimed pass checks the numbers against prefilling each prompt alone.
-            const totals check = run_dataset(*m, *prompts, *lengths, me, batch, alone.get());
-            if (check.max_logit_diff > 1e-3) {
-              state.SkipWithError("logits differ from prefilling each prompt alone");
-              return;
-            }
-            totals t;
-            for (auto _ : state) t = run_dataset(*m, *prompts, *lengths, me, batch, nullptr);
-            const double gemm = gemm_gflops(m->cfg(), static_cast<Eigen::Index>(t.slots / static_cast<double>(t.n_batches)));
-            state.counters["batches"] = static_cast<double>(t.n_batches);
-            state.counters["s_per_batch"] = benchmark::Counter(static_cast<double>(t.n_batches),
-                                                               benchmark::Counter::kIsIterationInvariantRate |
-                                                                   benchmark::Counter::kInvert);
-            state.counters["useful_tok_per_s"] = benchmark::Counter(t.useful, benchmark::Counter::kIsIterationInvariantRate);
-            state.counters["padded_ratio"] = t.slots / t.useful;
-            state.counters["peak_MiB"] = static_cast<double>(t.peak_bytes) / (1024.0 * 1024.0);
-            state.counters["linear_GFLOPs"] = t.linear_flops / t.linear_seconds / 1e9;
-            state.counters["gemm_GFLOPs"] = gemm;
-            state.counters["max_diff"] = check.max_logit_diff;
-            report::row row;
-            row.k = key;
-            row.useful_tokens = t.useful;
-            row.slots = t.slots;
-            row.peak_bytes = static_cast<double>(t.peak_bytes);
-            row.linear_gflops = t.linear_flops / t.linear_seconds / 1e9;
-            row.gemm_gflops = gemm;
-            row.max_diff = check.max_logit_diff;
-            row.batches = static_cast<double>(t.n_batches);
-            g_results.pending[name] = row;
-          })->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(g_opt.smoke ? 0.01 : 0.5);
+          benchmark::RegisterBenchmark(
+              name.c_str(),
+              [=](benchmark::State& state) {
+                if (alone->size() == 0) *alone = ref::prefill_alone(*m, *prompts).second;
+                // One untimed pass checks the numbers against prefilling each prompt alone.
+                const totals check = run_dataset(*m, *prompts, *lengths, me, batch, alone.get());
+                if (check.max_logit_diff > 1e-3) {
+                  state.SkipWithError("logits differ from prefilling each prompt alone");
+                  return;
+                }
+                totals t;
+                for (auto _ : state) t = run_dataset(*m, *prompts, *lengths, me, batch, nullptr);
+                const double gemm = gemm_gflops(
+                    m->cfg(),
+                    static_cast<Eigen::Index>(t.slots / static_cast<double>(t.n_batches)));
+                state.counters["batches"] = static_cast<double>(t.n_batches);
+                state.counters["s_per_batch"] = benchmark::Counter(
+                    static_cast<double>(t.n_batches),
+                    benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+                state.counters["useful_tok_per_s"] =
+                    benchmark::Counter(t.useful, benchmark::Counter::kIsIterationInvariantRate);
+                state.counters["padded_ratio"] = t.slots / t.useful;
+                state.counters["peak_MiB"] = static_cast<double>(t.peak_bytes) / (1024.0 * 1024.0);
+                state.counters["linear_GFLOPs"] = t.linear_flops / t.linear_seconds / 1e9;
+                state.counters["gemm_GFLOPs"] = gemm;
+                state.counters["max_diff"] = check.max_logit_diff;
+                report::row row;
+                row.k = key;
+                row.useful_tokens = t.useful;
+                row.slots = t.slots;
+                row.peak_bytes = static_cast<double>(t.peak_bytes);
+                row.linear_gflops = t.linear_flops / t.linear_seconds / 1e9;
+                row.gemm_gflops = gemm;
+                row.max_diff = check.max_logit_diff;
+                row.batches = static_cast<double>(t.n_batches);
+                g_results.pending[name] = row;
+              })
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond)
+              ->MinTime(g_opt.smoke ? 0.01 : 0.5);
         }
       }
     }
@@ -278,13 +327,20 @@ int main(int argc, char** argv) {
   try {
     for (int i = 1; i < argc; ++i) {
       std::string v;
-      if (take_flag(argv[i], "--quick", nullptr)) g_opt.quick = true;
-      else if (take_flag(argv[i], "--smoke", nullptr)) g_opt.smoke = true;
-      else if (take_flag(argv[i], "--lengths", &v)) g_opt.lengths_file = v;
-      else if (take_flag(argv[i], "--report_dir", &v)) g_opt.report_dir = v;
-      else if (take_flag(argv[i], "--dataset", &v)) g_opt.dataset = static_cast<std::size_t>(std::stoul(v));
-      else if (take_flag(argv[i], "--max_len", &v)) g_opt.max_len = std::stoi(v);
-      else rest.push_back(argv[i]);
+      if (take_flag(argv[i], "--quick", nullptr))
+        g_opt.quick = true;
+      else if (take_flag(argv[i], "--smoke", nullptr))
+        g_opt.smoke = true;
+      else if (take_flag(argv[i], "--lengths", &v))
+        g_opt.lengths_file = v;
+      else if (take_flag(argv[i], "--report_dir", &v))
+        g_opt.report_dir = v;
+      else if (take_flag(argv[i], "--dataset", &v))
+        g_opt.dataset = static_cast<std::size_t>(std::stoul(v));
+      else if (take_flag(argv[i], "--max_len", &v))
+        g_opt.max_len = std::stoi(v);
+      else
+        rest.push_back(argv[i]);
     }
     if (g_opt.smoke) {
       g_opt.dataset = std::min<std::size_t>(g_opt.dataset, 12);

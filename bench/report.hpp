@@ -18,7 +18,8 @@ struct key {
   std::string model, workload, method;
   std::size_t batch = 0;
   bool operator<(const key& o) const {
-    return std::tie(model, workload, method, batch) < std::tie(o.model, o.workload, o.method, o.batch);
+    return std::tie(model, workload, method, batch) <
+           std::tie(o.model, o.workload, o.method, o.batch);
   }
 };
 
@@ -38,7 +39,7 @@ struct table {
 };
 
 inline const std::vector<std::string>& methods() {
-  static const std::vector<std::string> m{"padding", "sorted", "ffd-dense", "ffd-segment",
+  static const std::vector<std::string> m{"padding",     "sorted",  "ffd-dense", "ffd-segment",
                                           "bfd-segment", "dataset", "flat"};
   return m;
 }
@@ -68,10 +69,10 @@ inline void write(const table& t, const std::string& dir) {
   for (const auto& [k, r] : by) {
     const row* pad = get(k.model, k.workload, "padding", k.batch);
     csv << k.model << ',' << k.workload << ',' << k.method << ',' << k.batch << ','
-        << r.seconds / r.batches << ',' << r.useful_tokens / r.seconds << ',' << r.slots / r.useful_tokens << ','
-        << (pad ? pad->seconds / r.seconds : 0) << ',' << r.peak_bytes << ','
-        << (pad ? pad->peak_bytes / r.peak_bytes : 0) << ',' << r.linear_gflops << ',' << r.gemm_gflops
-        << ',' << r.max_diff << '\n';
+        << r.seconds / r.batches << ',' << r.useful_tokens / r.seconds << ','
+        << r.slots / r.useful_tokens << ',' << (pad ? pad->seconds / r.seconds : 0) << ','
+        << r.peak_bytes << ',' << (pad ? pad->peak_bytes / r.peak_bytes : 0) << ','
+        << r.linear_gflops << ',' << r.gemm_gflops << ',' << r.max_diff << '\n';
   }
 
   std::ofstream md(dir + "/results.md");
@@ -89,14 +90,16 @@ inline void write(const table& t, const std::string& dir) {
       for (std::size_t b : batches) {
         const row* pad = get(m, w, "padding", b);
         if (!pad) continue;
-        std::snprintf(buf, sizeof buf, "| %s | %zu | %.4f | %.2f |", w.c_str(), b, pad->seconds / pad->batches,
-                      pad->slots / pad->useful_tokens);
+        std::snprintf(buf, sizeof buf, "| %s | %zu | %.4f | %.2f |", w.c_str(), b,
+                      pad->seconds / pad->batches, pad->slots / pad->useful_tokens);
         md << buf;
         for (const auto& me : methods()) {
           if (me == "padding") continue;
           const row* r = get(m, w, me, b);
-          if (r) std::snprintf(buf, sizeof buf, " %.2fx |", pad->seconds / r->seconds);
-          else std::snprintf(buf, sizeof buf, " - |");
+          if (r)
+            std::snprintf(buf, sizeof buf, " %.2fx |", pad->seconds / r->seconds);
+          else
+            std::snprintf(buf, sizeof buf, " - |");
           md << buf;
         }
         const row* seg = get(m, w, "ffd-segment", b);
@@ -118,11 +121,14 @@ inline void write(const table& t, const std::string& dir) {
       const row* seg = get(m, "heavy", "ffd-segment", b);
       if (!pad || !seg) continue;
       const double speed = pad->seconds / seg->seconds, ratio = pad->slots / pad->useful_tokens;
-      std::snprintf(buf, sizeof buf, "speedup %.2fx vs padded ratio %.2fx: %.2f of it", speed, ratio, speed / ratio);
-      verdict(m + ": heavy, batch 32: ffd-segment speedup >= 0.9 x padding's padded-token ratio", buf,
-              speed >= 0.9 * ratio);
+      std::snprintf(buf, sizeof buf, "speedup %.2fx vs padded ratio %.2fx: %.2f of it", speed,
+                    ratio, speed / ratio);
+      verdict(m + ": heavy, batch 32: ffd-segment speedup >= 0.9 x padding's padded-token ratio",
+              buf, speed >= 0.9 * ratio);
     }
     double worst_flat = 0, worst_mem = 0, worst_equal = 0, worst_linear = 1e9;
+    double slots_flat = 0,
+           slots_mem = 0;  // ffd-segment slots / flat slots where the worst was seen
     std::string at_flat, at_mem, at_equal, at_linear;
     for (const std::string& w : workloads) {
       for (std::size_t b : batches) {
@@ -132,10 +138,12 @@ inline void write(const table& t, const std::string& dir) {
         if (seg && flat) {
           if (seg->seconds / flat->seconds > worst_flat) {
             worst_flat = seg->seconds / flat->seconds;
+            slots_flat = seg->slots / flat->slots;
             at_flat = w + "/" + std::to_string(b);
           }
           if (seg->peak_bytes / flat->peak_bytes > worst_mem) {
             worst_mem = seg->peak_bytes / flat->peak_bytes;
+            slots_mem = seg->slots / flat->slots;
             at_mem = w + "/" + std::to_string(b);
           }
         }
@@ -152,15 +160,27 @@ inline void write(const table& t, const std::string& dir) {
         }
       }
     }
-    std::snprintf(buf, sizeof buf, "worst %.3fx (%s)", worst_flat, at_flat.c_str());
-    verdict(m + ": ffd-segment time within 1.10x of flat, every workload and batch", buf, worst_flat <= 1.10);
+    // Rows are as wide as the longest prompt, so a row-based plan computes more slots than the
+    // flat limit whenever prompts cannot fill rows; the slot ratio says how much of a gap that
+    // alone explains.
+    std::snprintf(buf, sizeof buf, "worst %.3fx (%s); its slots are %.3fx flat's", worst_flat,
+                  at_flat.c_str(), slots_flat);
+    verdict(m + ": ffd-segment time within 1.10x of flat, every workload and batch", buf,
+            worst_flat <= 1.10);
     std::snprintf(buf, sizeof buf, "worst %.3fx (batch %s)", worst_equal, at_equal.c_str());
-    verdict(m + ": equal lengths: ffd-segment at most 3% slower than padding", buf, worst_equal <= 1.03);
+    verdict(m + ": equal lengths: ffd-segment at most 3% slower than padding", buf,
+            worst_equal <= 1.03);
     std::snprintf(buf, sizeof buf, "worst %.2f (%s)", worst_linear, at_linear.c_str());
-    verdict(m + ": linear layers >= 80% of a raw Eigen GEMM of the same shape", buf, worst_linear >= 0.8);
-    std::snprintf(buf, sizeof buf, "worst %.3fx (%s)", worst_mem, at_mem.c_str());
+    verdict(m + ": linear layers >= 80% of raw Eigen GEMMs of the same shapes", buf,
+            worst_linear >= 0.8);
+    std::snprintf(buf, sizeof buf, "worst %.3fx (%s); its slots are %.3fx flat's", worst_mem,
+                  at_mem.c_str(), slots_mem);
     verdict(m + ": ffd-segment peak memory within 1.15x of flat", buf, worst_mem <= 1.15);
   }
+  md << "\nSlots are what a row-based plan computes: n_rows x the longest prompt. Where a batch "
+        "cannot fill its rows (one long prompt and a few short ones; lengths all above half the "
+        "longest), prepacking computes and holds those pad slots and the flat limit does not; a "
+        "time or memory ratio close to the slot ratio is that, not overhead.\n\n";
 
   // Chart data: one file per (model, workload), a column per method.
   std::ofstream gp(dir + "/plots.gp");
@@ -192,9 +212,11 @@ inline void write(const table& t, const std::string& dir) {
       const bool speed = chart == 0;
       gp << "set output '" << m << (speed ? "_speedup" : "_memory") << ".png'\n";
       gp << "set multiplot layout 2,3 title 'model " << m
-         << (speed ? ": speedup over padding (padding time / method time)" : ": peak memory of one prefill (MiB)")
+         << (speed ? ": speedup over padding (padding time / method time)"
+                   : ": peak memory of one prefill (MiB)")
          << "'\n";
-      gp << (speed ? "unset logscale y\nset ylabel 'speedup'\n" : "set logscale y\nset ylabel 'MiB'\n");
+      gp << (speed ? "unset logscale y\nset ylabel 'speedup'\n"
+                   : "set logscale y\nset ylabel 'MiB'\n");
       for (const std::string& w : workloads) {
         gp << "set title '" << w << "'\nplot ";
         bool first = true;
@@ -205,7 +227,9 @@ inline void write(const table& t, const std::string& dir) {
              << " with linespoints title '" << methods()[i] << "'";
           first = false;
         }
-        if (speed) gp << ", '" << m << "_" << w << ".dat' using 1:2 with lines dashtype 2 lc 'black' title 'padded ratio'";
+        if (speed)
+          gp << ", '" << m << "_" << w
+             << ".dat' using 1:2 with lines dashtype 2 lc 'black' title 'padded ratio'";
         gp << "\n";
       }
       gp << "unset multiplot\n";

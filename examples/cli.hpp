@@ -65,7 +65,8 @@ class args {
       throw usage_error(flag + " '" + s + "' is not an integer");
     }
     if (v < lo || v > hi) {
-      throw usage_error(flag + " " + s + " outside " + std::to_string(lo) + ".." + std::to_string(hi));
+      throw usage_error(flag + " " + s + " outside " + std::to_string(lo) + ".." +
+                        std::to_string(hi));
     }
     return v;
   }

@@ -80,11 +80,12 @@ std::string mib(std::size_t bytes) {
 }
 
 int demo(int argc, char** argv) {
-  const cli::args a(argc, argv,
-                    {"--prompts", "--profile", "--batch", "--max-len", "--seed", "--vocab", "--hidden",
-                     "--layers", "--heads", "--kv-heads", "--head-dim", "--ffn", "--rope-theta",
-                     "--capacity", "--packer", "--attention", "--threads", "--new-tokens", "--repeat"},
-                    {"--json", "--help"});
+  const cli::args a(
+      argc, argv,
+      {"--prompts", "--profile", "--batch", "--max-len", "--seed", "--vocab", "--hidden",
+       "--layers", "--heads", "--kv-heads", "--head-dim", "--ffn", "--rope-theta", "--capacity",
+       "--packer", "--attention", "--threads", "--new-tokens", "--repeat"},
+      {"--json", "--help"});
   if (a.has("--help")) {
     std::cout << kHelp;
     return 0;
@@ -106,7 +107,8 @@ int demo(int argc, char** argv) {
   const int repeat = static_cast<int>(a.integer("--repeat", 1, 1, 100));
   const bool bfd = a.choice("--packer", "ffd", {"ffd", "bfd"}) == "bfd";
   const auto path = a.choice("--attention", "segment", {"dense", "segment"}) == "dense"
-                        ? ref::attention::dense : ref::attention::segment;
+                        ? ref::attention::dense
+                        : ref::attention::segment;
 
   // The workload.
   std::vector<std::vector<int>> prompts;
@@ -126,33 +128,43 @@ int demo(int argc, char** argv) {
     const auto prof = prepack::parse_profile(a.str("--profile", "heavy-cut"));
     const auto n = static_cast<std::size_t>(a.integer("--batch", 64, 1, 100000));
     const int max_len = static_cast<int>(a.integer("--max-len", 512, 8, 65536));
-    prompts = prepack::generate_prompts(prepack::generate_lengths(prof, n, seed, max_len), c.vocab, seed);
-    workload = std::string("profile ") + prepack::profile_name(prof) + ", seed " + std::to_string(seed);
+    prompts =
+        prepack::generate_prompts(prepack::generate_lengths(prof, n, seed, max_len), c.vocab, seed);
+    workload =
+        std::string("profile ") + prepack::profile_name(prof) + ", seed " + std::to_string(seed);
   }
   std::vector<int> len;
   for (const auto& p : prompts) len.push_back(static_cast<int>(p.size()));
   const int longest = *std::max_element(len.begin(), len.end());
   const long long cap_flag = a.integer("--capacity", 0, 0, 1 << 24);
   if (a.has("--capacity") && cap_flag < longest) {
-    throw cli::usage_error("--capacity " + std::to_string(cap_flag) + " is below the longest prompt (" +
-                           std::to_string(longest) + " tokens)");
+    throw cli::usage_error("--capacity " + std::to_string(cap_flag) +
+                           " is below the longest prompt (" + std::to_string(longest) + " tokens)");
   }
-  const std::optional<int> capacity = cap_flag > 0 ? std::optional<int>(static_cast<int>(cap_flag)) : std::nullopt;
+  const std::optional<int> capacity =
+      cap_flag > 0 ? std::optional<int>(static_cast<int>(cap_flag)) : std::nullopt;
   const ref::model m(c, seed);
 
   // The plan, for the report (the timed runs plan again: planning is part of the cost).
-  const auto plan = prepack::make_plan(bfd ? prepack::packer::best_fit_decreasing
-                                           : prepack::packer::first_fit_decreasing, len, capacity);
+  const auto plan = prepack::make_plan(
+      bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing, len,
+      capacity);
   const std::size_t useful = plan.useful_tokens();
   const std::size_t padded_slots = len.size() * static_cast<std::size_t>(longest);
 
-  const timing padded = run(m, prompts, [&] { return prepack::padded(len); }, ref::attention::dense,
-                            threads, repeat, new_tokens);
-  const timing packed = run(m, prompts, [&] {
-    return prepack::make_plan(bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing,
-                              len, capacity);
-  }, path, threads, repeat, new_tokens);
-  auto [alone, alone_logits] = ref::prefill_alone(m, prompts, static_cast<std::size_t>(new_tokens), {path, threads});
+  const timing padded = run(
+      m, prompts, [&] { return prepack::padded(len); }, ref::attention::dense, threads, repeat,
+      new_tokens);
+  const timing packed = run(
+      m, prompts,
+      [&] {
+        return prepack::make_plan(
+            bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing, len,
+            capacity);
+      },
+      path, threads, repeat, new_tokens);
+  auto [alone, alone_logits] =
+      ref::prefill_alone(m, prompts, static_cast<std::size_t>(new_tokens), {path, threads});
 
   const float kv_padded = ref::max_abs_diff(alone, padded.caches);
   const float kv_packed = ref::max_abs_diff(alone, packed.caches);
@@ -163,8 +175,10 @@ int demo(int argc, char** argv) {
   auto caches_padded = padded.caches;
   auto caches_packed = packed.caches;
   const auto g_alone = ref::greedy_decode(m, caches_alone, alone_logits, new_tokens, {threads});
-  const auto g_padded = ref::greedy_decode(m, caches_padded, padded.result.logits, new_tokens, {threads});
-  const auto g_packed = ref::greedy_decode(m, caches_packed, packed.result.logits, new_tokens, {threads});
+  const auto g_padded =
+      ref::greedy_decode(m, caches_padded, padded.result.logits, new_tokens, {threads});
+  const auto g_packed =
+      ref::greedy_decode(m, caches_packed, packed.result.logits, new_tokens, {threads});
   const bool match = g_alone.tokens == g_padded.tokens && g_alone.tokens == g_packed.tokens;
   const float max_kv = std::max(kv_padded, kv_packed), max_lg = std::max(lg_padded, lg_packed);
   const bool agree = match && max_kv <= 1e-3f && max_lg <= 1e-3f;
@@ -174,40 +188,51 @@ int demo(int argc, char** argv) {
 
   if (json) {
     std::printf(
-        "{\"workload\": \"%s\", \"n_prompts\": %zu, \"useful_tokens\": %zu, \"padded_tokens\": %zu, "
-        "\"n_rows\": %zu, \"packed_slots\": %zu, \"capacity\": %d, \"packer\": \"%s\", \"attention\": \"%s\", "
-        "\"threads\": %d, \"seconds_padded\": %.6f, \"seconds_prepacked\": %.6f, \"speedup\": %.4f, "
+        "{\"workload\": \"%s\", \"n_prompts\": %zu, \"useful_tokens\": %zu, \"padded_tokens\": "
+        "%zu, "
+        "\"n_rows\": %zu, \"packed_slots\": %zu, \"capacity\": %d, \"packer\": \"%s\", "
+        "\"attention\": \"%s\", "
+        "\"threads\": %d, \"seconds_padded\": %.6f, \"seconds_prepacked\": %.6f, \"speedup\": "
+        "%.4f, "
         "\"peak_bytes_padded\": %zu, \"peak_bytes_prepacked\": %zu, \"memory_ratio\": %.4f, "
         "\"max_abs_diff_kv\": %.3g, \"max_abs_diff_logits\": %.3g, \"greedy_tokens_match\": %s, "
-        "\"model\": {\"vocab\": %d, \"hidden\": %d, \"layers\": %d, \"heads\": %d, \"kv_heads\": %d, "
+        "\"model\": {\"vocab\": %d, \"hidden\": %d, \"layers\": %d, \"heads\": %d, \"kv_heads\": "
+        "%d, "
         "\"head_dim\": %d, \"ffn\": %d, \"rope_theta\": %g}}\n",
-        workload.c_str(), len.size(), useful, padded_slots, plan.n_rows(), plan.slots(), plan.capacity,
-        bfd ? "bfd" : "ffd", path == ref::attention::dense ? "dense" : "segment", packed.result.profile.n_threads,
-        padded.seconds, packed.seconds, speedup, padded.result.memory.peak_bytes,
-        packed.result.memory.peak_bytes, mem_ratio, static_cast<double>(max_kv), static_cast<double>(max_lg),
-        match ? "true" : "false", c.vocab, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn,
-        c.rope_theta);
+        workload.c_str(), len.size(), useful, padded_slots, plan.n_rows(), plan.slots(),
+        plan.capacity, bfd ? "bfd" : "ffd", path == ref::attention::dense ? "dense" : "segment",
+        packed.result.profile.n_threads, padded.seconds, packed.seconds, speedup,
+        padded.result.memory.peak_bytes, packed.result.memory.peak_bytes, mem_ratio,
+        static_cast<double>(max_kv), static_cast<double>(max_lg), match ? "true" : "false", c.vocab,
+        c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.rope_theta);
     return agree ? 0 : 1;
   }
 
-  std::printf("prepack demo: %zu prompts (%s), lengths %d..%d, %zu tokens\n", len.size(), workload.c_str(),
-              *std::min_element(len.begin(), len.end()), longest, useful);
-  std::printf("model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %d threads\n\n",
-              c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab,
-              packed.result.profile.n_threads);
-  std::printf("plan (%s, capacity %d): %zu rows, %zu slots, fill %.1f%%\n", bfd ? "best-fit" : "first-fit",
-              plan.capacity, plan.n_rows(), plan.slots(), 100.0 * static_cast<double>(useful) / static_cast<double>(plan.slots()));
-  std::printf("  padding computes %zu slots (%.2fx the useful tokens), prepacking %zu (%.2fx)\n\n", padded_slots,
-              static_cast<double>(padded_slots) / static_cast<double>(useful), plan.slots(),
-              static_cast<double>(plan.slots()) / static_cast<double>(useful));
+  std::printf("prepack demo: %zu prompts (%s), lengths %d..%d, %zu tokens\n", len.size(),
+              workload.c_str(), *std::min_element(len.begin(), len.end()), longest, useful);
+  std::printf(
+      "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %d threads\n\n",
+      c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab,
+      packed.result.profile.n_threads);
+  std::printf("plan (%s, capacity %d): %zu rows, %zu slots, fill %.1f%%\n",
+              bfd ? "best-fit" : "first-fit", plan.capacity, plan.n_rows(), plan.slots(),
+              100.0 * static_cast<double>(useful) / static_cast<double>(plan.slots()));
+  std::printf("  padding computes %zu slots (%.2fx the useful tokens), prepacking %zu (%.2fx)\n\n",
+              padded_slots, static_cast<double>(padded_slots) / static_cast<double>(useful),
+              plan.slots(), static_cast<double>(plan.slots()) / static_cast<double>(useful));
   std::printf("%-34s %10s %12s\n", "", "seconds", "peak memory");
-  std::printf("%-34s %10.3f %12s\n", "padded (left, dense mask)", padded.seconds, mib(padded.result.memory.peak_bytes).c_str());
-  std::printf("%-34s %10.3f %12s\n", path == ref::attention::dense ? "prepacked (dense mask)" : "prepacked (segment attention)",
-              packed.seconds, mib(packed.result.memory.peak_bytes).c_str());
+  std::printf("%-34s %10.3f %12s\n", "padded (left, dense mask)", padded.seconds,
+              mib(padded.result.memory.peak_bytes).c_str());
+  std::printf(
+      "%-34s %10.3f %12s\n",
+      path == ref::attention::dense ? "prepacked (dense mask)" : "prepacked (segment attention)",
+      packed.seconds, mib(packed.result.memory.peak_bytes).c_str());
   std::printf("%-34s %9.2fx %11.2fx\n\n", "padded / prepacked", speedup, mem_ratio);
   std::printf("max |difference| from prefilling each prompt alone:\n");
-  std::printf("  padded:    KV %.2g, last-token logits %.2g\n", static_cast<double>(kv_padded), static_cast<double>(lg_padded));
-  std::printf("  prepacked: KV %.2g, last-token logits %.2g\n\n", static_cast<double>(kv_packed), static_cast<double>(lg_packed));
+  std::printf("  padded:    KV %.2g, last-token logits %.2g\n", static_cast<double>(kv_padded),
+              static_cast<double>(lg_padded));
+  std::printf("  prepacked: KV %.2g, last-token logits %.2g\n\n", static_cast<double>(kv_packed),
+              static_cast<double>(lg_packed));
   std::printf("greedy continuations (%d tokens), first prompts:\n", new_tokens);
   for (std::size_t i = 0; i < std::min<std::size_t>(3, len.size()); ++i) {
     const auto show = [&](const char* name, const std::vector<int>& t) {

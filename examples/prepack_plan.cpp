@@ -62,7 +62,8 @@ int run(int argc, char** argv) {
       len.push_back(v);
     }
   }
-  const std::optional<long long> capacity = a.has("--capacity") ? std::optional<long long>(cap) : std::nullopt;
+  const std::optional<long long> capacity =
+      a.has("--capacity") ? std::optional<long long>(cap) : std::nullopt;
   std::vector<named_plan> plans;
   if (which != "bfd") plans.push_back({"ffd", prepack::first_fit_decreasing(len, capacity)});
   if (which != "ffd") plans.push_back({"bfd", prepack::best_fit_decreasing(len, capacity)});
@@ -82,19 +83,23 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (format == "json") {
-    std::printf("{\"n_prompts\": %zu, \"useful_tokens\": %.0f, \"longest\": %lld, \"padded_slots\": %.0f, \"plans\": {",
-                len.size(), useful, longest, padded);
+    std::printf(
+        "{\"n_prompts\": %zu, \"useful_tokens\": %.0f, \"longest\": %lld, \"padded_slots\": %.0f, "
+        "\"plans\": {",
+        len.size(), useful, longest, padded);
     for (std::size_t k = 0; k < plans.size(); ++k) {
       const auto& p = plans[k].plan;
-      std::printf("%s\"%s\": {\"capacity\": %lld, \"n_rows\": %zu, \"slots\": %zu, \"fill\": %.6f, "
-                  "\"padded_over_packed\": %.6f, \"rows\": [",
-                  k ? ", " : "", plans[k].name, p.capacity, p.n_rows(), p.slots(),
-                  useful / static_cast<double>(p.slots()), padded / static_cast<double>(p.slots()));
+      std::printf(
+          "%s\"%s\": {\"capacity\": %lld, \"n_rows\": %zu, \"slots\": %zu, \"fill\": %.6f, "
+          "\"padded_over_packed\": %.6f, \"rows\": [",
+          k ? ", " : "", plans[k].name, p.capacity, p.n_rows(), p.slots(),
+          useful / static_cast<double>(p.slots()), padded / static_cast<double>(p.slots()));
       for (std::size_t r = 0; r < p.n_rows(); ++r) {
         std::printf("%s{\"fill\": %lld, \"prompts\": [", r ? ", " : "", p.fill[r]);
         for (std::size_t j = p.row_begin[r]; j < p.row_begin[r + 1]; ++j) {
           const std::size_t i = p.row_prompts[j];
-          std::printf("%s[%zu, %lld, %lld]", j > p.row_begin[r] ? ", " : "", i, p.offset[i], p.length[i]);
+          std::printf("%s[%zu, %lld, %lld]", j > p.row_begin[r] ? ", " : "", i, p.offset[i],
+                      p.length[i]);
         }
         std::printf("]}");
       }
@@ -106,10 +111,13 @@ int run(int argc, char** argv) {
   std::printf("%zu prompts, %.0f tokens, longest %lld\n", len.size(), useful, longest);
   std::printf("padding to the longest: %.0f slots (%.2fx the tokens)\n", padded, padded / useful);
   for (const auto& p : plans) {
-    std::printf("%s: capacity %lld, %zu rows, %zu slots (%.2fx the tokens, fill %.1f%%), %.2fx fewer slots than padding\n",
-                p.name, p.plan.capacity, p.plan.n_rows(), p.plan.slots(),
-                static_cast<double>(p.plan.slots()) / useful, 100.0 * useful / static_cast<double>(p.plan.slots()),
-                padded / static_cast<double>(p.plan.slots()));
+    std::printf(
+        "%s: capacity %lld, %zu rows, %zu slots (%.2fx the tokens, fill %.1f%%), %.2fx fewer slots "
+        "than padding\n",
+        p.name, p.plan.capacity, p.plan.n_rows(), p.plan.slots(),
+        static_cast<double>(p.plan.slots()) / useful,
+        100.0 * useful / static_cast<double>(p.plan.slots()),
+        padded / static_cast<double>(p.plan.slots()));
   }
   return 0;
 }

@@ -12,15 +12,15 @@
 #include "prepack/error.hpp"
 
 // Asserts that stmt throws prepack::error whose message contains `needle`.
-#define EXPECT_PREPACK_ERROR(stmt, needle)                                                 \
-  do {                                                                                     \
-    try {                                                                                  \
-      stmt;                                                                                \
-      ADD_FAILURE() << "expected prepack::error containing \"" << (needle) << "\"";       \
-    } catch (const prepack::error& err_) {                                                 \
-      EXPECT_NE(std::string(err_.what()).find(needle), std::string::npos)                     \
-          << "message: " << err_.what() << "\nexpected to contain: " << (needle);            \
-    }                                                                                      \
+#define EXPECT_PREPACK_ERROR(stmt, needle)                                          \
+  do {                                                                              \
+    try {                                                                           \
+      stmt;                                                                         \
+      ADD_FAILURE() << "expected prepack::error containing \"" << (needle) << "\""; \
+    } catch (const prepack::error& err_) {                                          \
+      EXPECT_NE(std::string(err_.what()).find(needle), std::string::npos)           \
+          << "message: " << err_.what() << "\nexpected to contain: " << (needle);   \
+    }                                                                               \
   } while (0)
 
 namespace test {

@@ -17,10 +17,14 @@ enum class kind { ffd, bfd, left, right };
 
 prepack::pack_plan<int> plan_of(kind k, const std::vector<int>& len, std::optional<int> cap = {}) {
   switch (k) {
-    case kind::ffd: return prepack::first_fit_decreasing(len, cap);
-    case kind::bfd: return prepack::best_fit_decreasing(len, cap);
-    case kind::left: return prepack::padded(len, prepack::padding_side::left, cap);
-    case kind::right: return prepack::padded(len, prepack::padding_side::right, cap);
+    case kind::ffd:
+      return prepack::first_fit_decreasing(len, cap);
+    case kind::bfd:
+      return prepack::best_fit_decreasing(len, cap);
+    case kind::left:
+      return prepack::padded(len, prepack::padding_side::left, cap);
+    case kind::right:
+      return prepack::padded(len, prepack::padding_side::right, cap);
   }
   return {};
 }
@@ -28,7 +32,8 @@ prepack::pack_plan<int> plan_of(kind k, const std::vector<int>& len, std::option
 TEST(Layout, ArraysMatchTheirDefinitionsOnRandomPlans) {
   std::mt19937_64 rng(99);
   for (int trial = 0; trial < 600; ++trial) {
-    const auto len = test::random_lengths(rng, 1 + rng() % 40, 1, 1 + static_cast<long long>(rng() % 90));
+    const auto len =
+        test::random_lengths(rng, 1 + rng() % 40, 1, 1 + static_cast<long long>(rng() % 90));
     const auto prompts = test::tagged_prompts(len, 1000);
     const kind k = static_cast<kind>(trial % 4);
     const auto plan = plan_of(k, len);
@@ -45,7 +50,8 @@ TEST(Layout, ArraysMatchTheirDefinitionsOnRandomPlans) {
         pos[s] = t;
         seg[s] = static_cast<int>(i);
       }
-      ASSERT_EQ(l.last_token[i], static_cast<int>(plan.row[i] * l.width) + plan.offset[i] + len[i] - 1);
+      ASSERT_EQ(l.last_token[i],
+                static_cast<int>(plan.row[i] * l.width) + plan.offset[i] + len[i] - 1);
       ASSERT_EQ(l.prompt_row[i], static_cast<int>(plan.row[i]));
       ASSERT_EQ(l.prompt_offset[i], plan.offset[i]);
       ASSERT_EQ(l.prompt_length[i], len[i]);
@@ -72,7 +78,8 @@ TEST(Layout, FlatTokensAndPerPromptTokensAgree) {
   const std::vector<std::int64_t> flat{10, 11, 12, 20, 30, 31};
   const auto plan = prepack::first_fit_decreasing(len);
   const auto a = prepack::make_layout(plan, flat);
-  const auto b = prepack::make_layout(plan, std::vector<std::vector<std::int64_t>>{{10, 11, 12}, {20}, {30, 31}});
+  const auto b = prepack::make_layout(
+      plan, std::vector<std::vector<std::int64_t>>{{10, 11, 12}, {20}, {30, 31}});
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_EQ(a.tokens, (std::vector<int>{10, 11, 12, 30, 31, 20}));  // [3] [2 + 1]
 }
@@ -106,17 +113,20 @@ TEST(LayoutErrors, CapacitiesNearTheTypesLimitFailCleanlyBeforeAllocating) {
   const std::vector<std::uint64_t> huge{std::uint64_t{1} << 63, std::uint64_t{1} << 63, 5};
   const auto p = prepack::first_fit_decreasing(huge);
   ASSERT_EQ(p.n_rows(), 3u);
-  EXPECT_PREPACK_ERROR(prepack::make_layout(p, std::vector<int>{}), "tokens: 9223372036854775808 + 9223372036854775808 overflows size_t");
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p, std::vector<int>{}),
+                       "tokens: 9223372036854775808 + 9223372036854775808 overflows size_t");
   const auto q = prepack::padded(std::vector<std::uint64_t>{1, 1}, prepack::padding_side::left,
                                  std::uint64_t{1} << 63);
-  EXPECT_PREPACK_ERROR(prepack::make_layout(q, std::vector<int>{1, 2}), "layout slots: 2 x 9223372036854775808 overflows size_t");
+  EXPECT_PREPACK_ERROR(prepack::make_layout(q, std::vector<int>{1, 2}),
+                       "layout slots: 2 x 9223372036854775808 overflows size_t");
   // 2^40 slots fit size_t but not an int32 index: refused before any array is allocated.
   const auto r = prepack::padded(std::vector<std::int64_t>{1}, prepack::padding_side::left,
                                  std::int64_t{1} << 40);
   EXPECT_PREPACK_ERROR(prepack::make_layout(r, std::vector<int>{7}),
                        "flat slot index 1099511627775 does not fit the int32 index type");
   // int8 lengths at their maximum capacity plan and lay out fine.
-  const auto s8 = prepack::first_fit_decreasing(std::vector<std::int8_t>{127, 1, 126}, std::int8_t{127});
+  const auto s8 =
+      prepack::first_fit_decreasing(std::vector<std::int8_t>{127, 1, 126}, std::int8_t{127});
   EXPECT_EQ(s8.n_rows(), 2u);
   EXPECT_NO_THROW(prepack::make_layout(s8, std::vector<int>(254, 1)));
 }
@@ -130,7 +140,8 @@ TEST(LayoutErrors, InconsistentPlansAreRefused) {
   EXPECT_PREPACK_ERROR(prepack::make_layout(p1, tokens), "row 1: prompt 2 starts at slot 0");
   auto p0 = plan;
   p0.offset[2] = 2;
-  EXPECT_PREPACK_ERROR(prepack::make_layout(p0, tokens), "prompt 2: offset 2 + length 1 outside capacity 2");
+  EXPECT_PREPACK_ERROR(prepack::make_layout(p0, tokens),
+                       "prompt 2: offset 2 + length 1 outside capacity 2");
   auto p2 = plan;
   p2.row[0] = 9;
   EXPECT_PREPACK_ERROR(prepack::make_layout(p2, tokens), "prompt 0: row 9 out of range");

@@ -16,7 +16,8 @@
 namespace {
 
 prepack::packed_layout<> random_layout(std::mt19937_64& rng, int trial) {
-  const auto len = test::random_lengths(rng, 1 + rng() % 12, 1, 1 + static_cast<long long>(rng() % 20));
+  const auto len =
+      test::random_lengths(rng, 1 + rng() % 12, 1, 1 + static_cast<long long>(rng() % 20));
   const auto plan = trial % 3 == 0   ? prepack::padded(len)
                     : trial % 3 == 1 ? prepack::first_fit_decreasing(len)
                                      : prepack::best_fit_decreasing(

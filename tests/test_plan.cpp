@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <functional>
-#include <optional>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -283,8 +283,8 @@ struct request {
 };
 
 TEST(Plan, ArbitraryItemsThroughAProjection) {
-  std::vector<request> reqs{{"a", std::vector<int>(5)}, {"b", std::vector<int>(2)},
-                            {"c", std::vector<int>(3)}};
+  std::vector<request> reqs{
+      {"a", std::vector<int>(5)}, {"b", std::vector<int>(2)}, {"c", std::vector<int>(3)}};
   const auto p = prepack::make_plan(prepack::packer::first_fit_decreasing, reqs,
                                     [](const request& r) { return r.tokens.size(); });
   static_assert(std::is_same_v<decltype(p)::length_type, std::size_t>);

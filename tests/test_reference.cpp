@@ -31,14 +31,16 @@ std::vector<double> naive_norm(const std::vector<double>& x, const ref::vector& 
   for (double e : x) ms += e * e;
   ms /= static_cast<double>(x.size());
   std::vector<double> out(x.size());
-  for (std::size_t j = 0; j < x.size(); ++j) out[j] = x[j] / std::sqrt(ms + eps) * w[static_cast<Eigen::Index>(j)];
+  for (std::size_t j = 0; j < x.size(); ++j)
+    out[j] = x[j] / std::sqrt(ms + eps) * w[static_cast<Eigen::Index>(j)];
   return out;
 }
 
 std::vector<double> naive_linear(const std::vector<double>& x, const ref::matrix& w) {
   std::vector<double> out(static_cast<std::size_t>(w.cols()), 0.0);
   for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    for (Eigen::Index j = 0; j < w.cols(); ++j) out[static_cast<std::size_t>(j)] += x[static_cast<std::size_t>(i)] * w(i, j);
+    for (Eigen::Index j = 0; j < w.cols(); ++j)
+      out[static_cast<std::size_t>(j)] += x[static_cast<std::size_t>(i)] * w(i, j);
   }
   return out;
 }
@@ -70,8 +72,10 @@ naive_result naive_prefill(const ref::model& m, const std::vector<int>& tokens) 
       q[t] = naive_linear(x, lw.wq);
       k[t] = naive_linear(x, lw.wk);
       v[t] = naive_linear(x, lw.wv);
-      for (int a = 0; a < c.n_heads; ++a) naive_rope(q[t].data() + a * hd, hd, static_cast<int>(t), c.rope_theta);
-      for (int g = 0; g < c.n_kv_heads; ++g) naive_rope(k[t].data() + g * hd, hd, static_cast<int>(t), c.rope_theta);
+      for (int a = 0; a < c.n_heads; ++a)
+        naive_rope(q[t].data() + a * hd, hd, static_cast<int>(t), c.rope_theta);
+      for (int g = 0; g < c.n_kv_heads; ++g)
+        naive_rope(k[t].data() + g * hd, hd, static_cast<int>(t), c.rope_theta);
     }
     std::vector<double> kflat, vflat;
     for (std::size_t t = 0; t < n; ++t) {
@@ -88,14 +92,18 @@ naive_result naive_prefill(const ref::model& m, const std::vector<int>& tokens) 
         double mx = -1e300;
         for (std::size_t j = 0; j <= t; ++j) {
           double dot = 0;
-          for (int d = 0; d < hd; ++d) dot += q[t][static_cast<std::size_t>(a * hd + d)] * k[j][static_cast<std::size_t>(g * hd + d)];
+          for (int d = 0; d < hd; ++d)
+            dot += q[t][static_cast<std::size_t>(a * hd + d)] *
+                   k[j][static_cast<std::size_t>(g * hd + d)];
           s[j] = dot / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, s[j]);
         }
         double sum = 0;
         for (double& e : s) sum += (e = std::exp(e - mx));
         for (std::size_t j = 0; j <= t; ++j) {
-          for (int d = 0; d < hd; ++d) att[static_cast<std::size_t>(a * hd + d)] += s[j] / sum * v[j][static_cast<std::size_t>(g * hd + d)];
+          for (int d = 0; d < hd; ++d)
+            att[static_cast<std::size_t>(a * hd + d)] +=
+                s[j] / sum * v[j][static_cast<std::size_t>(g * hd + d)];
         }
       }
       const auto o = naive_linear(att, lw.wo);
@@ -103,7 +111,8 @@ naive_result naive_prefill(const ref::model& m, const std::vector<int>& tokens) 
       const auto x = naive_norm(h[t], lw.mlp_norm, c.rms_eps);
       auto gate = naive_linear(x, lw.w_gate);
       const auto up = naive_linear(x, lw.w_up);
-      for (std::size_t j = 0; j < gate.size(); ++j) gate[j] = gate[j] / (1.0 + std::exp(-gate[j])) * up[j];
+      for (std::size_t j = 0; j < gate.size(); ++j)
+        gate[j] = gate[j] / (1.0 + std::exp(-gate[j])) * up[j];
       const auto dn = naive_linear(gate, lw.w_down);
       for (std::size_t j = 0; j < dn.size(); ++j) h[t][j] += dn[j];
     }
@@ -131,21 +140,26 @@ ref::config random_config(std::mt19937_64& rng) {
 
 std::vector<int> random_prompt_lengths(std::mt19937_64& rng, int kind) {
   switch (kind % 4) {
-    case 0: return test::random_lengths(rng, 4 + rng() % 12, 1, 300);           // uniform 1..300
-    case 1: return std::vector<int>(6, 1 + static_cast<int>(rng() % 120));     // all equal
-    case 2: {                                                                   // one long, many short
+    case 0:
+      return test::random_lengths(rng, 4 + rng() % 12, 1, 300);  // uniform 1..300
+    case 1:
+      return std::vector<int>(6, 1 + static_cast<int>(rng() % 120));  // all equal
+    case 2: {                                                         // one long, many short
       auto len = test::random_lengths(rng, 16, 1, 12);
       len[rng() % len.size()] = 250 + static_cast<int>(rng() % 51);
       return len;
     }
-    default: return test::heavy_tailed_lengths(rng, 12, 200);
+    default:
+      return test::heavy_tailed_lengths(rng, 12, 200);
   }
 }
 
-std::vector<std::vector<int>> random_prompts(std::mt19937_64& rng, const std::vector<int>& len, int vocab) {
+std::vector<std::vector<int>> random_prompts(std::mt19937_64& rng, const std::vector<int>& len,
+                                             int vocab) {
   std::vector<std::vector<int>> p(len.size());
   for (std::size_t i = 0; i < len.size(); ++i) {
-    for (int t = 0; t < len[i]; ++t) p[i].push_back(static_cast<int>(rng() % static_cast<std::uint64_t>(vocab)));
+    for (int t = 0; t < len[i]; ++t)
+      p[i].push_back(static_cast<int>(rng() % static_cast<std::uint64_t>(vocab)));
   }
   return p;
 }
@@ -171,8 +185,10 @@ diff compare(const std::vector<ref::kv_cache>& a, const ref::matrix& la,
       for (int g = 0; g < a[i].n_kv_heads; ++g) {
         for (std::size_t p = 0; p < a[i].length; ++p) {
           for (int e = 0; e < a[i].head_dim; ++e) {
-            d.kv = std::max<double>(d.kv, std::abs(a[i].key(layer, g, p)[e] - b[i].key(layer, g, p)[e]));
-            d.kv = std::max<double>(d.kv, std::abs(a[i].value(layer, g, p)[e] - b[i].value(layer, g, p)[e]));
+            d.kv = std::max<double>(d.kv,
+                                    std::abs(a[i].key(layer, g, p)[e] - b[i].key(layer, g, p)[e]));
+            d.kv = std::max<double>(
+                d.kv, std::abs(a[i].value(layer, g, p)[e] - b[i].value(layer, g, p)[e]));
           }
         }
       }
@@ -183,12 +199,13 @@ diff compare(const std::vector<ref::kv_cache>& a, const ref::matrix& la,
 }
 
 // Greedy continuations agree, unless the reference itself was at a near-tie where they split.
-void expect_same_tokens(const ref::decode_result& want, const ref::decode_result& got, const std::string& what) {
+void expect_same_tokens(const ref::decode_result& want, const ref::decode_result& got,
+                        const std::string& what) {
   for (std::size_t i = 0; i < want.tokens.size(); ++i) {
     for (std::size_t k = 0; k < want.tokens[i].size(); ++k) {
       if (want.tokens[i][k] == got.tokens[i][k]) continue;
-      EXPECT_LT(want.margins[i][k], 1e-3f) << what << ": prompt " << i << " token " << k
-                                           << " differs with a clear margin";
+      EXPECT_LT(want.margins[i][k], 1e-3f)
+          << what << ": prompt " << i << " token " << k << " differs with a clear margin";
       break;  // after a legitimate near-tie split the continuations may differ
     }
   }
@@ -204,13 +221,20 @@ struct method {
 };
 
 const method kMethods[] = {
-    {"ffd/segment", false, prepack::padding_side::left, prepack::packer::first_fit_decreasing, ref::attention::segment, false},
-    {"ffd/dense", false, prepack::padding_side::left, prepack::packer::first_fit_decreasing, ref::attention::dense, false},
-    {"bfd/segment", false, prepack::padding_side::left, prepack::packer::best_fit_decreasing, ref::attention::segment, true},
-    {"bfd/dense", false, prepack::padding_side::left, prepack::packer::best_fit_decreasing, ref::attention::dense, true},
-    {"padded-left/dense", true, prepack::padding_side::left, prepack::packer::first_fit_decreasing, ref::attention::dense, false},
-    {"padded-right/dense", true, prepack::padding_side::right, prepack::packer::first_fit_decreasing, ref::attention::dense, false},
-    {"padded-left/segment", true, prepack::padding_side::left, prepack::packer::first_fit_decreasing, ref::attention::segment, false},
+    {"ffd/segment", false, prepack::padding_side::left, prepack::packer::first_fit_decreasing,
+     ref::attention::segment, false},
+    {"ffd/dense", false, prepack::padding_side::left, prepack::packer::first_fit_decreasing,
+     ref::attention::dense, false},
+    {"bfd/segment", false, prepack::padding_side::left, prepack::packer::best_fit_decreasing,
+     ref::attention::segment, true},
+    {"bfd/dense", false, prepack::padding_side::left, prepack::packer::best_fit_decreasing,
+     ref::attention::dense, true},
+    {"padded-left/dense", true, prepack::padding_side::left, prepack::packer::first_fit_decreasing,
+     ref::attention::dense, false},
+    {"padded-right/dense", true, prepack::padding_side::right,
+     prepack::packer::first_fit_decreasing, ref::attention::dense, false},
+    {"padded-left/segment", true, prepack::padding_side::left,
+     prepack::packer::first_fit_decreasing, ref::attention::segment, false},
 };
 
 TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
@@ -219,7 +243,8 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
   for (int trial = 0; trial < 10; ++trial) {
     const ref::config c = random_config(rng);
     const ref::model m(c, rng());
-    const auto prompts = random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25), c.vocab);
+    const auto prompts =
+        random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25), c.vocab);
     const auto [caches, logits] = ref::prefill_alone(m, prompts);
     for (std::size_t i = 0; i < prompts.size(); ++i) {
       const naive_result n = naive_prefill(m, prompts[i]);
@@ -228,15 +253,19 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
         for (std::size_t p = 0; p < prompts[i].size(); ++p) {
           for (int g = 0; g < c.n_kv_heads; ++g) {
             for (int e = 0; e < hd; ++e) {
-              const std::size_t at = p * static_cast<std::size_t>(c.kv_dim()) + static_cast<std::size_t>(g * hd + e);
-              worst = std::max(worst, std::abs(caches[i].key(layer, g, p)[e] - n.k[static_cast<std::size_t>(layer)][at]));
-              worst = std::max(worst, std::abs(caches[i].value(layer, g, p)[e] - n.v[static_cast<std::size_t>(layer)][at]));
+              const std::size_t at =
+                  p * static_cast<std::size_t>(c.kv_dim()) + static_cast<std::size_t>(g * hd + e);
+              worst = std::max(worst, std::abs(caches[i].key(layer, g, p)[e] -
+                                               n.k[static_cast<std::size_t>(layer)][at]));
+              worst = std::max(worst, std::abs(caches[i].value(layer, g, p)[e] -
+                                               n.v[static_cast<std::size_t>(layer)][at]));
             }
           }
         }
       }
       for (int j = 0; j < c.vocab; ++j) {
-        worst = std::max(worst, std::abs(logits(static_cast<Eigen::Index>(i), j) - n.logits[static_cast<std::size_t>(j)]));
+        worst = std::max(worst, std::abs(logits(static_cast<Eigen::Index>(i), j) -
+                                         n.logits[static_cast<std::size_t>(j)]));
       }
     }
   }
@@ -257,15 +286,20 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
     const auto [alone, alone_logits] = ref::prefill_alone(m, prompts, new_tokens);
     auto decoded = alone;  // greedy_decode appends to the caches it is given
     const auto want = ref::greedy_decode(m, decoded, alone_logits, new_tokens);
-    for (const auto& k : want.margins) near_ties += static_cast<int>(std::count_if(k.begin(), k.end(), [](float x) { return x < 1e-3f; }));
+    for (const auto& k : want.margins)
+      near_ties +=
+          static_cast<int>(std::count_if(k.begin(), k.end(), [](float x) { return x < 1e-3f; }));
     const int longest = *std::max_element(len.begin(), len.end());
     for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
       const method& me = kMethods[mi];
-      const std::optional<int> cap = me.larger_capacity ? std::optional<int>(longest + 37) : std::nullopt;
-      const auto plan = me.padded ? prepack::padded(len, me.side, cap) : prepack::make_plan(me.packer, len, cap);
+      const std::optional<int> cap =
+          me.larger_capacity ? std::optional<int>(longest + 37) : std::nullopt;
+      const auto plan =
+          me.padded ? prepack::padded(len, me.side, cap) : prepack::make_plan(me.packer, len, cap);
       const auto l = prepack::make_layout(plan, prompts, {c.pad_id, 1});
       const auto r = m.prefill(l, {me.path, 0});
-      for (float e : r.keys) ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite key (pad slot?)";
+      for (float e : r.keys)
+        ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite key (pad slot?)";
       for (float e : r.values) ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite value";
       auto caches = ref::unpack_caches(m, l, r, new_tokens);
       const diff d = compare(alone, alone_logits, caches, r.logits);
@@ -278,7 +312,8 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
     }
   }
   for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
-    std::printf("%-20s vs alone: max abs diff KV %.3g, logits %.3g\n", kMethods[mi].name, worst[mi].kv, worst[mi].logits);
+    std::printf("%-20s vs alone: max abs diff KV %.3g, logits %.3g\n", kMethods[mi].name,
+                worst[mi].kv, worst[mi].logits);
   }
   std::printf("greedy steps at a near-tie (margin < 1e-3) in the reference: %d\n", near_ties);
 }
@@ -288,7 +323,8 @@ TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
   const ref::config c = random_config(rng);
   const ref::model m(c, 9);
   const auto prompts = random_prompts(rng, test::heavy_tailed_lengths(rng, 40, 250), c.vocab);
-  const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts, {c.pad_id, 0});
+  const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts,
+                                      {c.pad_id, 0});
   const auto a = m.prefill(l, {ref::attention::dense, 1});
   const auto b = m.prefill(l, {ref::attention::segment, 2});
   double dk = 0;
@@ -304,7 +340,8 @@ TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
     }
   }
   const double dl = (a.logits - b.logits).cwiseAbs().maxCoeff();
-  std::printf("dense (1 thread) vs segment (2 threads): max abs diff KV %.3g, logits %.3g\n", dk, dl);
+  std::printf("dense (1 thread) vs segment (2 threads): max abs diff KV %.3g, logits %.3g\n", dk,
+              dl);
   EXPECT_LE(dk, kTolerance);
   EXPECT_LE(dl, kTolerance);
   EXPECT_EQ(a.profile.n_threads, 1);
@@ -320,9 +357,9 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
   const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts,
                                       {c.pad_id, 1});
   const auto mask = prepack::additive_mask(l);
-  const auto a = m.prefill_masked(l.n_rows, l.width, prepack::span<const int>(l.tokens),
-                                  prepack::span<const int>(l.positions), prepack::span<const float>(mask),
-                                  prepack::span<const int>(l.last_token));
+  const auto a = m.prefill_masked(
+      l.n_rows, l.width, prepack::span<const int>(l.tokens), prepack::span<const int>(l.positions),
+      prepack::span<const float>(mask), prepack::span<const int>(l.last_token));
   const auto b = m.prefill(l, {ref::attention::segment, 0});
   const double dl = (a.logits - b.logits).cwiseAbs().maxCoeff();
   const auto ca = ref::unpack_caches(m, l, a), cb = ref::unpack_caches(m, l, b);
@@ -331,14 +368,16 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
   EXPECT_LE(d.kv, kTolerance);
   EXPECT_LE(dl, kTolerance);
   const std::vector<int> bad_out{static_cast<int>(l.n_slots())};
-  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows, l.width, prepack::span<const int>(l.tokens),
-                                        prepack::span<const int>(l.positions), prepack::span<const float>(mask),
-                                        prepack::span<const int>(bad_out)),
-                       "output slot 0");
-  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows + 1, l.width, prepack::span<const int>(l.tokens),
-                                        prepack::span<const int>(l.positions), prepack::span<const float>(mask),
-                                        prepack::span<const int>(l.last_token)),
-                       "tokens: ");
+  EXPECT_PREPACK_ERROR(
+      m.prefill_masked(l.n_rows, l.width, prepack::span<const int>(l.tokens),
+                       prepack::span<const int>(l.positions), prepack::span<const float>(mask),
+                       prepack::span<const int>(bad_out)),
+      "output slot 0");
+  EXPECT_PREPACK_ERROR(
+      m.prefill_masked(l.n_rows + 1, l.width, prepack::span<const int>(l.tokens),
+                       prepack::span<const int>(l.positions), prepack::span<const float>(mask),
+                       prepack::span<const int>(l.last_token)),
+      "tokens: ");
 }
 
 TEST(Reference, MemoryAccountingFollowsTheBuffers) {
@@ -357,7 +396,8 @@ TEST(Reference, MemoryAccountingFollowsTheBuffers) {
   EXPECT_EQ(rd.memory.mask_bytes, 6u * 100u * 100u * 4u);
   EXPECT_EQ(m.prefill(packed, {ref::attention::segment, 1}).memory.mask_bytes, 0u);
   EXPECT_LT(rp.memory.peak_bytes, rd.memory.peak_bytes);
-  EXPECT_EQ(rp.memory.peak_bytes, rp.memory.kv_bytes + rp.memory.activation_bytes + rp.memory.mask_bytes + rp.memory.scratch_bytes);
+  EXPECT_EQ(rp.memory.peak_bytes, rp.memory.kv_bytes + rp.memory.activation_bytes +
+                                      rp.memory.mask_bytes + rp.memory.scratch_bytes);
 }
 
 TEST(ReferenceErrors, ConfigAndWeights) {
@@ -390,12 +430,15 @@ TEST(ReferenceErrors, BadTokensAndForeignLayouts) {
   ref::config c;
   const ref::model m(c, 1);
   const std::vector<int> len{3, 2};
-  auto l = prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>{1, 2, 3, 4, 999});
+  auto l =
+      prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>{1, 2, 3, 4, 999});
   EXPECT_PREPACK_ERROR(m.prefill(l), "prompt 1: token 1 = 999 outside vocab 512");
   auto pad = prepack::make_layout(prepack::padded(len), std::vector<int>{1, 2, 3, 4, 5}, {-1, 0});
   EXPECT_PREPACK_ERROR(m.prefill(pad), "pad slot 3: token -1 outside vocab 512");
-  const auto good = prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>{1, 2, 3, 4, 5});
-  const auto other = prepack::make_layout(prepack::padded(std::vector<int>{3, 2, 1}), std::vector<int>{1, 2, 3, 4, 5, 6});
+  const auto good =
+      prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>{1, 2, 3, 4, 5});
+  const auto other = prepack::make_layout(prepack::padded(std::vector<int>{3, 2, 1}),
+                                          std::vector<int>{1, 2, 3, 4, 5, 6});
   const auto r = m.prefill(good);
   EXPECT_PREPACK_ERROR(ref::unpack_caches(m, other, r), "another batch");
   auto broken = good;
@@ -410,11 +453,14 @@ TEST(ReferenceErrors, DecodeNeedsRoomAndMatchingShapes) {
   const std::vector<std::vector<int>> prompts{{1, 2, 3}, {4}};
   auto [caches, logits] = ref::prefill_alone(m, prompts, 2);
   const auto before = caches[0].keys;
-  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, caches, logits, 4), "cache 0: capacity 5 cannot hold 3 more positions after 3");
-  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, caches, logits.topRows(1), 2), "last_logits: 1 x 512 for 2 caches");
+  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, caches, logits, 4),
+                       "cache 0: capacity 5 cannot hold 3 more positions after 3");
+  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, caches, logits.topRows(1), 2),
+                       "last_logits: 1 x 512 for 2 caches");
   ref::config other = c;
   other.n_layers = 3;
-  EXPECT_PREPACK_ERROR(ref::greedy_decode(ref::model(other, 1), caches, logits, 2), "cache 0: shape does not match");
+  EXPECT_PREPACK_ERROR(ref::greedy_decode(ref::model(other, 1), caches, logits, 2),
+                       "cache 0: shape does not match");
   EXPECT_EQ(caches[0].keys, before);
   EXPECT_EQ(caches[0].length, 3u);
   EXPECT_EQ(ref::greedy_decode(m, caches, logits, 3).tokens[1].size(), 3u);

@@ -54,7 +54,8 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
   std::vector<std::int32_t> tokens;
   tokens.reserve(total);
   for (std::size_t i = 0; i < n; ++i) {
-    for (std::size_t t = 0; t < static_cast<std::size_t>(lengths[i]); ++t) tokens.push_back(tag(i, t));
+    for (std::size_t t = 0; t < static_cast<std::size_t>(lengths[i]); ++t)
+      tokens.push_back(tag(i, t));
   }
   const std::size_t base = g_live.load();
   g_peak = base;
@@ -81,13 +82,16 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
   std::size_t next = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t need = (static_cast<std::size_t>(lengths[i]) + block - 1) / block;
-    for (std::size_t k = 0; k < max_blocks; ++k) table.push_back(k < need ? static_cast<std::int32_t>(next++) : -1);
+    for (std::size_t k = 0; k < max_blocks; ++k)
+      table.push_back(k < need ? static_cast<std::int32_t>(next++) : -1);
   }
   std::vector<std::int32_t> pool(next * block, -1);
-  const auto src = prepack::packed_view<const std::int32_t>(layout.tokens.data(), prepack::kv_order::row_slot_head_dim,
+  const auto src = prepack::packed_view<const std::int32_t>(layout.tokens.data(),
+                                                            prepack::kv_order::row_slot_head_dim,
                                                             layout.n_rows, layout.width, 1, 1);
-  prepack::unpack_paged(layout, src, prepack::contiguous_view<std::int32_t, 4>(pool.data(), {next, block, 1, 1}),
-                        prepack::contiguous_view<const std::int32_t, 2>(table.data(), {n, max_blocks}));
+  prepack::unpack_paged(
+      layout, src, prepack::contiguous_view<std::int32_t, 4>(pool.data(), {next, block, 1, 1}),
+      prepack::contiguous_view<const std::int32_t, 2>(table.data(), {n, max_blocks}));
   std::size_t written = 0;
   for (std::size_t i = 0; i < n; ++i) {
     for (std::size_t t = 0; t < static_cast<std::size_t>(lengths[i]); ++t) {
@@ -100,16 +104,19 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
 
   // Working memory: the heap's peak above what existed before the pipeline, against what the
   // pipeline must hold at its end (the plan, the layout, the block table and the pool).
-  const std::size_t held = bytes(plan.length) + bytes(plan.row) + bytes(plan.offset) + bytes(plan.fill) +
-                           bytes(plan.row_begin) + bytes(plan.row_prompts) + bytes(layout.tokens) +
-                           bytes(layout.positions) + bytes(layout.segments) + bytes(layout.row_begin) +
-                           bytes(layout.row_prompts) + bytes(layout.row_cu_seqlens) + bytes(layout.prompt_row) +
-                           bytes(layout.prompt_offset) + bytes(layout.prompt_length) + bytes(layout.last_token) +
-                           bytes(table) + bytes(pool);
+  const std::size_t held = bytes(plan.length) + bytes(plan.row) + bytes(plan.offset) +
+                           bytes(plan.fill) + bytes(plan.row_begin) + bytes(plan.row_prompts) +
+                           bytes(layout.tokens) + bytes(layout.positions) + bytes(layout.segments) +
+                           bytes(layout.row_begin) + bytes(layout.row_prompts) +
+                           bytes(layout.row_cu_seqlens) + bytes(layout.prompt_row) +
+                           bytes(layout.prompt_offset) + bytes(layout.prompt_length) +
+                           bytes(layout.last_token) + bytes(table) + bytes(pool);
   const double ratio = static_cast<double>(g_peak.load() - base) / static_cast<double>(held);
-  std::printf("1e6 prompts, %zu tokens, %zu rows: peak working heap %.1f MiB for %.1f MiB of data held: %.3fx\n",
-              total, layout.n_rows, static_cast<double>(g_peak.load() - base) / 1048576.0,
-              static_cast<double>(held) / 1048576.0, ratio);
+  std::printf(
+      "1e6 prompts, %zu tokens, %zu rows: peak working heap %.1f MiB for %.1f MiB of data held: "
+      "%.3fx\n",
+      total, layout.n_rows, static_cast<double>(g_peak.load() - base) / 1048576.0,
+      static_cast<double>(held) / 1048576.0, ratio);
   EXPECT_LE(ratio, 1.2);
 }
 

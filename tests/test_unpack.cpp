@@ -30,10 +30,11 @@ struct fixture {
 };
 
 fixture random_fixture(std::mt19937_64& rng, int trial) {
-  const auto len = test::random_lengths(rng, 1 + rng() % 15, 1, 1 + static_cast<long long>(rng() % 40));
-  const auto plan = trial % 3 == 0 ? prepack::padded(len, prepack::padding_side::right)
-                                   : trial % 3 == 1 ? prepack::first_fit_decreasing(len)
-                                                    : prepack::best_fit_decreasing(len, 60);
+  const auto len =
+      test::random_lengths(rng, 1 + rng() % 15, 1, 1 + static_cast<long long>(rng() % 40));
+  const auto plan = trial % 3 == 0   ? prepack::padded(len, prepack::padding_side::right)
+                    : trial % 3 == 1 ? prepack::first_fit_decreasing(len)
+                                     : prepack::best_fit_decreasing(len, 60);
   fixture f;
   f.layout = prepack::make_layout(plan, test::tagged_prompts(len, 100));
   f.n_heads = 1 + rng() % 4;
@@ -51,8 +52,8 @@ std::vector<T> packed_source(const fixture& f, prepack::kv_order order) {
     for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
       for (std::size_t h = 0; h < f.n_heads; ++h) {
         for (std::size_t d = 0; d < f.head_dim; ++d) {
-          v(static_cast<std::size_t>(l.prompt_row[i]), static_cast<std::size_t>(l.prompt_offset[i]) + t, h, d) =
-              code<T>(i, t, h, d);
+          v(static_cast<std::size_t>(l.prompt_row[i]),
+            static_cast<std::size_t>(l.prompt_offset[i]) + t, h, d) = code<T>(i, t, h, d);
         }
       }
     }
@@ -71,9 +72,11 @@ TYPED_TEST(Unpack, PerPromptBuffersRoundTrip) {
   for (int trial = 0; trial < 200; ++trial) {
     const fixture f = random_fixture(rng, trial);
     const auto& l = f.layout;
-    for (auto order : {prepack::kv_order::row_head_slot_dim, prepack::kv_order::row_slot_head_dim}) {
+    for (auto order :
+         {prepack::kv_order::row_head_slot_dim, prepack::kv_order::row_slot_head_dim}) {
       const auto src_buf = packed_source<T>(f, order);
-      const auto src = prepack::packed_view(src_buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
+      const auto src =
+          prepack::packed_view(src_buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
       for (bool head_major : {false, true}) {
         const std::size_t spare = trial % 4;  // capacity beyond the prompt, must stay untouched
         std::vector<std::vector<T>> bufs(l.n_prompts());
@@ -81,15 +84,17 @@ TYPED_TEST(Unpack, PerPromptBuffersRoundTrip) {
         for (std::size_t i = 0; i < l.n_prompts(); ++i) {
           const std::size_t cap = static_cast<std::size_t>(l.prompt_length[i]) + spare;
           bufs[i].assign(cap * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
-          dst.push_back(prepack::prompt_view(bufs[i].data(), head_major, cap, f.n_heads, f.head_dim));
+          dst.push_back(
+              prepack::prompt_view(bufs[i].data(), head_major, cap, f.n_heads, f.head_dim));
         }
         prepack::unpack_prompts(l, src, dst);
         for (std::size_t i = 0; i < l.n_prompts(); ++i) {
           for (std::size_t t = 0; t < dst[i].extent[0]; ++t) {
             for (std::size_t h = 0; h < f.n_heads; ++h) {
               for (std::size_t d = 0; d < f.head_dim; ++d) {
-                const T want = t < static_cast<std::size_t>(l.prompt_length[i]) ? code<T>(i, t, h, d)
-                                                                               : static_cast<T>(kSentinel);
+                const T want = t < static_cast<std::size_t>(l.prompt_length[i])
+                                   ? code<T>(i, t, h, d)
+                                   : static_cast<T>(kSentinel);
                 ASSERT_EQ(dst[i](t, h, d), want) << "prompt " << i << " t " << t;
               }
             }
@@ -117,14 +122,15 @@ TYPED_TEST(Unpack, LeftPaddedBatchRoundTrips) {
     const auto src_buf = packed_source<T>(f, prepack::kv_order::row_head_slot_dim);
     const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_head_slot_dim,
                                           l.n_rows, l.width, f.n_heads, f.head_dim);
-    const std::size_t longest = static_cast<std::size_t>(
-        *std::max_element(l.prompt_length.begin(), l.prompt_length.end()));
+    const std::size_t longest =
+        static_cast<std::size_t>(*std::max_element(l.prompt_length.begin(), l.prompt_length.end()));
     const std::size_t width = longest + trial % 3;
     std::vector<T> buf(l.n_prompts() * width * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
     // (prompt, slot, head, dim) over a [prompt][head][slot][dim] buffer.
-    prepack::tensor_view<T, 4> dst{buf.data(),
-                                   {l.n_prompts(), width, f.n_heads, f.head_dim},
-                                   {f.n_heads * width * f.head_dim, f.head_dim, width * f.head_dim, 1}};
+    prepack::tensor_view<T, 4> dst{
+        buf.data(),
+        {l.n_prompts(), width, f.n_heads, f.head_dim},
+        {f.n_heads * width * f.head_dim, f.head_dim, width * f.head_dim, 1}};
     prepack::unpack_left_padded(l, src, dst);
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
       const std::size_t pad = width - static_cast<std::size_t>(l.prompt_length[i]);
@@ -164,15 +170,19 @@ TYPED_TEST(Unpack, PagedPoolRoundTrips) {
     std::vector<int> table(l.n_prompts() * max_blocks, -1);  // unused entries stay -1
     std::size_t next = 0;
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-      const std::size_t b = (static_cast<std::size_t>(l.prompt_length[i]) + block_size - 1) / block_size;
+      const std::size_t b =
+          (static_cast<std::size_t>(l.prompt_length[i]) + block_size - 1) / block_size;
       for (std::size_t k = 0; k < b; ++k) table[i * max_blocks + k] = ids[next++];
     }
-    std::vector<T> pool_buf(n_blocks * block_size * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
+    std::vector<T> pool_buf(n_blocks * block_size * f.n_heads * f.head_dim,
+                            static_cast<T>(kSentinel));
     // vLLM's value cache order: [n_blocks][n_heads][block_size][head_dim].
-    prepack::tensor_view<T, 4> pool{pool_buf.data(),
-                                    {n_blocks, block_size, f.n_heads, f.head_dim},
-                                    {f.n_heads * block_size * f.head_dim, f.head_dim, block_size * f.head_dim, 1}};
-    const auto tv = prepack::contiguous_view<const int, 2>(table.data(), {l.n_prompts(), max_blocks});
+    prepack::tensor_view<T, 4> pool{
+        pool_buf.data(),
+        {n_blocks, block_size, f.n_heads, f.head_dim},
+        {f.n_heads * block_size * f.head_dim, f.head_dim, block_size * f.head_dim, 1}};
+    const auto tv =
+        prepack::contiguous_view<const int, 2>(table.data(), {l.n_prompts(), max_blocks});
     prepack::unpack_paged(l, src, pool, tv);
     // Read every element of the pool: each is either the sentinel or exactly one token's value.
     std::size_t written = 0;
@@ -210,7 +220,8 @@ TYPED_TEST(Unpack, GatherLastRows) {
       }
     }
     std::vector<T> out(l.n_prompts() * features, static_cast<T>(kSentinel));
-    prepack::gather_last(l, prepack::contiguous_view<const T, 2>(src.data(), {l.n_slots(), features}),
+    prepack::gather_last(l,
+                         prepack::contiguous_view<const T, 2>(src.data(), {l.n_slots(), features}),
                          prepack::contiguous_view<T, 2>(out.data(), {l.n_prompts(), features}));
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
       for (std::size_t x = 0; x < features; ++x) {
@@ -225,8 +236,8 @@ TYPED_TEST(Unpack, GatherLastRows) {
 
 struct bad_input : ::testing::Test {
   std::vector<int> len{5, 3, 2};
-  prepack::packed_layout<> l = prepack::make_layout(prepack::first_fit_decreasing(len),
-                                                    std::vector<int>(10, 1));
+  prepack::packed_layout<> l =
+      prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>(10, 1));
   std::size_t heads = 2, dim = 3;
   std::vector<float> src_buf = std::vector<float>(l.n_slots() * heads * dim, 1.0f);
   prepack::tensor_view<const float, 4> src = prepack::packed_view<const float>(
@@ -294,17 +305,25 @@ TEST_F(bad_input, BlockTables) {
                                         prepack::contiguous_view<const int, 2>(ok.data(), {3, 3})));
   std::fill(dst_buf.begin(), dst_buf.end(), 9.0f);
   const std::vector<int> dup{0, 1, 2, 3, 1, -1, 5, -1, -1};
-  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(dup.data(), {3, 3})),
-                       "prompt 1: block 1 is already used by prompt 0");
+  EXPECT_PREPACK_ERROR(
+      prepack::unpack_paged(l, src, pool,
+                            prepack::contiguous_view<const int, 2>(dup.data(), {3, 3})),
+      "prompt 1: block 1 is already used by prompt 0");
   const std::vector<int> range{0, 1, 2, 3, 4, -1, 6, -1, -1};
-  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(range.data(), {3, 3})),
-                       "prompt 2: block_table[2][0] = 6 outside 0..5");
+  EXPECT_PREPACK_ERROR(
+      prepack::unpack_paged(l, src, pool,
+                            prepack::contiguous_view<const int, 2>(range.data(), {3, 3})),
+      "prompt 2: block_table[2][0] = 6 outside 0..5");
   const std::vector<int> neg{0, 1, -3, 3, 4, -1, 5, -1, -1};
-  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(neg.data(), {3, 3})),
-                       "block_table[0][2] = -3");
-  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {3, 2})),
+  EXPECT_PREPACK_ERROR(
+      prepack::unpack_paged(l, src, pool,
+                            prepack::contiguous_view<const int, 2>(neg.data(), {3, 3})),
+      "block_table[0][2] = -3");
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(
+                           l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {3, 2})),
                        "prompt 0: length 5 needs 3 blocks of 2, the block table has 2");
-  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {2, 3})),
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(
+                           l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {2, 3})),
                        "block table: 2 rows for 3 prompts");
   expect_untouched();
 }
@@ -312,14 +331,17 @@ TEST_F(bad_input, BlockTables) {
 TEST_F(bad_input, GatherLast) {
   std::vector<float> flat(l.n_slots() * 4, 1.0f);
   const auto s = prepack::contiguous_view<const float, 2>(flat.data(), {l.n_slots(), 4});
-  EXPECT_PREPACK_ERROR(prepack::gather_last(l, s, prepack::contiguous_view<float, 2>(dst_buf.data(), {2, 4})),
-                       "2 rows for 3 prompts");
-  EXPECT_PREPACK_ERROR(prepack::gather_last(l, s, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 5})),
-                       "5 features, the source has 4");
+  EXPECT_PREPACK_ERROR(
+      prepack::gather_last(l, s, prepack::contiguous_view<float, 2>(dst_buf.data(), {2, 4})),
+      "2 rows for 3 prompts");
+  EXPECT_PREPACK_ERROR(
+      prepack::gather_last(l, s, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 5})),
+      "5 features, the source has 4");
   auto wrong = s;
   wrong.extent[0] -= 1;
-  EXPECT_PREPACK_ERROR(prepack::gather_last(l, wrong, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 4})),
-                       "another batch");
+  EXPECT_PREPACK_ERROR(
+      prepack::gather_last(l, wrong, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 4})),
+      "another batch");
   expect_untouched();
 }
 

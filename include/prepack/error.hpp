@@ -49,15 +49,24 @@ void require(bool ok, const Args&... args) {
 
 template <class T>
 const char* type_name() {
-  if constexpr (std::is_same_v<T, signed char>) return "int8";
-  else if constexpr (std::is_same_v<T, unsigned char>) return "uint8";
-  else if constexpr (std::is_same_v<T, short>) return "int16";
-  else if constexpr (std::is_same_v<T, unsigned short>) return "uint16";
-  else if constexpr (std::is_same_v<T, int>) return "int32";
-  else if constexpr (std::is_same_v<T, unsigned>) return "uint32";
-  else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return "int64";
-  else if constexpr (std::is_integral_v<T>) return "uint64";
-  else return "value";
+  if constexpr (std::is_same_v<T, signed char>)
+    return "int8";
+  else if constexpr (std::is_same_v<T, unsigned char>)
+    return "uint8";
+  else if constexpr (std::is_same_v<T, short>)
+    return "int16";
+  else if constexpr (std::is_same_v<T, unsigned short>)
+    return "uint16";
+  else if constexpr (std::is_same_v<T, int>)
+    return "int32";
+  else if constexpr (std::is_same_v<T, unsigned>)
+    return "uint32";
+  else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>)
+    return "int64";
+  else if constexpr (std::is_integral_v<T>)
+    return "uint64";
+  else
+    return "value";
 }
 
 }  // namespace detail

@@ -80,8 +80,8 @@ void check_plan(const pack_plan<Length>& p) {
   const std::size_t n_rows = p.fill.size();
   require(n > 0, "empty batch: the plan holds no prompts");
   require(p.capacity > 0, "plan: capacity ", p.capacity);
-  require(p.row.size() == n && p.offset.size() == n && p.row_prompts.size() == n,
-          "plan: ", n, " lengths but ", p.row.size(), " rows, ", p.offset.size(), " offsets, ",
+  require(p.row.size() == n && p.offset.size() == n && p.row_prompts.size() == n, "plan: ", n,
+          " lengths but ", p.row.size(), " rows, ", p.offset.size(), " offsets, ",
           p.row_prompts.size(), " row entries");
   require(p.row_begin.size() == n_rows + 1 && p.row_begin.front() == 0 && p.row_begin.back() == n,
           "plan: row_begin does not delimit ", n, " prompts in ", n_rows, " rows");
@@ -90,8 +90,8 @@ void check_plan(const pack_plan<Length>& p) {
     require(p.row[i] < n_rows, "prompt ", i, ": row ", p.row[i], " out of range (", n_rows,
             " rows)");
     require(!is_negative(p.offset[i]) && p.length[i] <= p.capacity &&
-                p.offset[i] <= p.capacity - p.length[i], "prompt ", i,
-            ": offset ", p.offset[i], " + length ", p.length[i], " outside capacity ",
+                p.offset[i] <= p.capacity - p.length[i],
+            "prompt ", i, ": offset ", p.offset[i], " + length ", p.length[i], " outside capacity ",
             p.capacity);
   }
   std::vector<unsigned char> seen(n, 0);
@@ -177,11 +177,13 @@ packed_layout<Token, Index> make_layout(const pack_plan<Length>& plan, span<cons
                                         const layout_options& opt = {}) {
   static_assert(std::is_integral_v<T>, "token ids must be integers");
   std::size_t total = 0;
-  for (Length len : plan.length) total = detail::add(total, static_cast<std::size_t>(len), "tokens");
+  for (Length len : plan.length)
+    total = detail::add(total, static_cast<std::size_t>(len), "tokens");
   detail::require(tokens.size() == total, "token count ", tokens.size(),
                   " does not match the lengths' total ", total);
   for (std::size_t k = 0; k < tokens.size(); ++k) {
-    if (!detail::fits<Token>(tokens[k])) detail::fail("token ", k, ": id ", tokens[k], " does not fit the token type");
+    if (!detail::fits<Token>(tokens[k]))
+      detail::fail("token ", k, ": id ", tokens[k], " does not fit the token type");
   }
   packed_layout<Token, Index> l = detail::layout_skeleton<Token, Index>(plan, opt);
   std::size_t src = 0;
@@ -210,10 +212,9 @@ packed_layout<Token, Index> make_layout(const pack_plan<Length>& plan,
                   " does not match the plan's ", plan.n_prompts());
   std::vector<T> flat;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
-    detail::require(i >= plan.length.size() ||
-                        prompts[i].size() == static_cast<std::size_t>(plan.length[i]),
-                    "prompt ", i, ": ", prompts[i].size(), " tokens, the plan says length ",
-                    plan.length[i]);
+    detail::require(
+        i >= plan.length.size() || prompts[i].size() == static_cast<std::size_t>(plan.length[i]),
+        "prompt ", i, ": ", prompts[i].size(), " tokens, the plan says length ", plan.length[i]);
     flat.insert(flat.end(), prompts[i].begin(), prompts[i].end());
   }
   return make_layout<Token, Index>(plan, span<const T>(flat), opt);
@@ -228,9 +229,9 @@ void check_layout(const packed_layout<Token, Index>& l) {
   const std::size_t n = l.n_prompts();
   detail::require(n > 0 && l.n_rows > 0 && l.width > 0, "layout: empty (", n, " prompts, ",
                   l.n_rows, " rows, width ", l.width, ")");
-  detail::require(l.tokens.size() == slots && l.positions.size() == slots &&
-                      l.segments.size() == slots,
-                  "layout: arrays do not hold n_rows * width = ", slots, " slots");
+  detail::require(
+      l.tokens.size() == slots && l.positions.size() == slots && l.segments.size() == slots,
+      "layout: arrays do not hold n_rows * width = ", slots, " slots");
   detail::require(l.prompt_row.size() == n && l.prompt_offset.size() == n &&
                       l.last_token.size() == n && l.row_prompts.size() == n &&
                       l.row_begin.size() == l.n_rows + 1 && l.row_cu_seqlens.size() == n + l.n_rows,
@@ -245,10 +246,12 @@ void check_layout(const packed_layout<Token, Index>& l) {
                         static_cast<std::size_t>(off) + static_cast<std::size_t>(len) <= l.width,
                     "layout: prompt ", i, " (row ", row, ", offset ", off, ", length ", len,
                     ") lies outside ", l.n_rows, " rows of width ", l.width);
-    const std::size_t first = static_cast<std::size_t>(row) * l.width + static_cast<std::size_t>(off);
-    detail::require(static_cast<std::size_t>(l.last_token[i]) == first + static_cast<std::size_t>(len) - 1,
-                    "layout: prompt ", i, ": last token ", l.last_token[i], ", expected ",
-                    first + static_cast<std::size_t>(len) - 1);
+    const std::size_t first =
+        static_cast<std::size_t>(row) * l.width + static_cast<std::size_t>(off);
+    detail::require(
+        static_cast<std::size_t>(l.last_token[i]) == first + static_cast<std::size_t>(len) - 1,
+        "layout: prompt ", i, ": last token ", l.last_token[i], ", expected ",
+        first + static_cast<std::size_t>(len) - 1);
     for (std::size_t t = 0; t < static_cast<std::size_t>(len); ++t) {
       detail::require(l.segments[first + t] == static_cast<Index>(i) &&
                           l.positions[first + t] == static_cast<Index>(t),

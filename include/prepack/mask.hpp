@@ -108,7 +108,8 @@ varlen_batch<Token, Index> make_varlen(const packed_layout<Token, Index>& l) {
   v.cu_seqlens.push_back(0);
   for (std::size_t r = 0; r < l.n_rows; ++r) {
     for (Index i : l.prompts_in_row(r)) {
-      const std::size_t first = r * l.width + static_cast<std::size_t>(l.prompt_offset[static_cast<std::size_t>(i)]);
+      const std::size_t first =
+          r * l.width + static_cast<std::size_t>(l.prompt_offset[static_cast<std::size_t>(i)]);
       const Index len = l.prompt_length[static_cast<std::size_t>(i)];
       for (std::size_t t = 0; t < static_cast<std::size_t>(len); ++t) {
         v.slot.push_back(static_cast<Index>(first + t));
@@ -128,10 +129,10 @@ varlen_batch<Token, Index> make_varlen(const packed_layout<Token, Index>& l) {
 /// token. Tokens are the layout's real tokens in row-major slot order.
 template <class Token, class Index>
 struct token_batch {
-  std::vector<Token> token;          // [n_tokens]  token ids
-  std::vector<Index> pos;            // [n_tokens]  position within the prompt
-  std::vector<Index> seq_id;         // [n_tokens]  prompt id
-  std::vector<std::int8_t> logits;   // [n_tokens]  1 where the engine must output logits
+  std::vector<Token> token;         // [n_tokens]  token ids
+  std::vector<Index> pos;           // [n_tokens]  position within the prompt
+  std::vector<Index> seq_id;        // [n_tokens]  prompt id
+  std::vector<std::int8_t> logits;  // [n_tokens]  1 where the engine must output logits
 };
 
 template <class Token, class Index>
@@ -148,7 +149,8 @@ token_batch<Token, Index> make_token_batch(const packed_layout<Token, Index>& l)
     b.token.push_back(l.tokens[s]);
     b.pos.push_back(l.positions[s]);
     b.seq_id.push_back(seg);
-    b.logits.push_back(static_cast<std::size_t>(l.last_token[static_cast<std::size_t>(seg)]) == s ? 1 : 0);
+    b.logits.push_back(
+        static_cast<std::size_t>(l.last_token[static_cast<std::size_t>(seg)]) == s ? 1 : 0);
   }
   return b;
 }

@@ -29,14 +29,14 @@ struct pack_plan {
                 "lengths must be an integer type");
   using length_type = Length;
 
-  Length capacity = 0;                  // tokens per row: the width of every row
-  std::vector<Length> length;           // [n_prompts]    tokens of prompt i
-  std::vector<std::size_t> row;         // [n_prompts]    row holding prompt i
-  std::vector<Length> offset;           // [n_prompts]    first slot of prompt i in its row
-  std::vector<Length> fill;             // [n_rows]       tokens used in row r (<= capacity)
-  std::vector<std::size_t> row_begin;   // [n_rows + 1]   row r holds row_prompts[row_begin[r],
-                                        //                row_begin[r + 1])
-  std::vector<std::size_t> row_prompts; // [n_prompts]    prompt ids row by row, in slot order
+  Length capacity = 0;                   // tokens per row: the width of every row
+  std::vector<Length> length;            // [n_prompts]    tokens of prompt i
+  std::vector<std::size_t> row;          // [n_prompts]    row holding prompt i
+  std::vector<Length> offset;            // [n_prompts]    first slot of prompt i in its row
+  std::vector<Length> fill;              // [n_rows]       tokens used in row r (<= capacity)
+  std::vector<std::size_t> row_begin;    // [n_rows + 1]   row r holds row_prompts[row_begin[r],
+                                         //                row_begin[r + 1])
+  std::vector<std::size_t> row_prompts;  // [n_prompts]    prompt ids row by row, in slot order
 
   std::size_t n_prompts() const noexcept { return length.size(); }
   std::size_t n_rows() const noexcept { return fill.size(); }
@@ -170,8 +170,8 @@ auto project_lengths(const Range& items, Proj proj) {
 /// Throws prepack::error for an empty batch, a length <= 0, a capacity <= 0, or a prompt
 /// longer than the capacity. Rows used are at most 11/9 OPT + 6/9.
 template <class Length>
-pack_plan<Length> first_fit_decreasing(span<const Length> length,
-                                       std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+pack_plan<Length> first_fit_decreasing(
+    span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const Length cap = detail::checked_capacity(length, capacity);
   pack_plan<Length> p = detail::start_plan(length, cap);
   const std::vector<std::size_t> order = detail::decreasing_order(length);
@@ -195,8 +195,8 @@ pack_plan<Length> first_fit_decreasing(span<const Length> length,
 /// leaves with the least free space (the lowest such row on ties). Same defaults, errors and
 /// bound as first_fit_decreasing.
 template <class Length>
-pack_plan<Length> best_fit_decreasing(span<const Length> length,
-                                      std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+pack_plan<Length> best_fit_decreasing(
+    span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const Length cap = detail::checked_capacity(length, capacity);
   pack_plan<Length> p = detail::start_plan(length, cap);
   const std::vector<std::size_t> order = detail::decreasing_order(length);
@@ -244,13 +244,15 @@ pack_plan<Length> padded(span<const Length> length, padding_side side = padding_
 
 /// Overloads for a std::vector of lengths, so the length type is deduced.
 template <class Length>
-pack_plan<Length> first_fit_decreasing(const std::vector<Length>& length,
-                                       std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+pack_plan<Length> first_fit_decreasing(
+    const std::vector<Length>& length,
+    std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   return first_fit_decreasing(span<const Length>(length), capacity);
 }
 template <class Length>
-pack_plan<Length> best_fit_decreasing(const std::vector<Length>& length,
-                                      std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
+pack_plan<Length> best_fit_decreasing(
+    const std::vector<Length>& length,
+    std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   return best_fit_decreasing(span<const Length>(length), capacity);
 }
 template <class Length>
@@ -280,8 +282,8 @@ pack_plan<Length> make_plan(packer kind, const std::vector<Length>& length,
 ///   auto p = prepack::make_plan(prepack::packer::first_fit_decreasing, requests,
 ///                               [](const request& r) { return r.tokens.size(); });
 template <class Range, class Proj,
-          class Length = std::decay_t<decltype(std::declval<Proj&>()(
-              *std::begin(std::declval<const Range&>())))>>
+          class Length = std::decay_t<
+              decltype(std::declval<Proj&>()(*std::begin(std::declval<const Range&>())))>>
 pack_plan<Length> make_plan(packer kind, const Range& items, Proj size_of,
                             std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const std::vector<Length> length = detail::project_lengths(items, size_of);
@@ -354,8 +356,9 @@ std::vector<std::vector<std::size_t>> length_sorted_batches(span<const Length> l
   const std::vector<std::size_t> order = detail::decreasing_order(length);
   std::vector<std::vector<std::size_t>> out;
   for (std::size_t b = 0; b < order.size(); b += batch_size) {
-    out.emplace_back(order.begin() + static_cast<std::ptrdiff_t>(b),
-                     order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), b + batch_size)));
+    out.emplace_back(
+        order.begin() + static_cast<std::ptrdiff_t>(b),
+        order.begin() + static_cast<std::ptrdiff_t>(std::min(order.size(), b + batch_size)));
   }
   return out;
 }

@@ -23,16 +23,17 @@ class span {
   constexpr span(T* data, std::size_t size) noexcept : data_(data), size_(size) {}
 
   /// Any contiguous container with data() and size() (std::vector, std::array, span).
-  template <class C, class = std::enable_if_t<std::is_convertible_v<
-                         std::remove_pointer_t<decltype(std::data(std::declval<C&>()))> (*)[],
-                         T (*)[]>>>
+  template <class C,
+            class = std::enable_if_t<std::is_convertible_v<
+                std::remove_pointer_t<decltype(std::data(std::declval<C&>()))> (*)[], T (*)[]>>>
   constexpr span(C& c) noexcept : data_(std::data(c)), size_(std::size(c)) {}  // NOLINT
 
-  template <class C, class = std::enable_if_t<
-                         std::is_const_v<T> &&
-                         std::is_convertible_v<
-                             std::remove_pointer_t<decltype(std::data(std::declval<const C&>()))> (*)[],
-                             T (*)[]>>>
+  template <
+      class C,
+      class = std::enable_if_t<
+          std::is_const_v<T> &&
+          std::is_convertible_v<
+              std::remove_pointer_t<decltype(std::data(std::declval<const C&>()))> (*)[], T (*)[]>>>
   constexpr span(const C& c) noexcept : data_(std::data(c)), size_(std::size(c)) {}  // NOLINT
 
   /// Braced lists, for arguments only (the list dies at the end of the full expression).

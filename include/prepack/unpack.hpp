@@ -35,10 +35,12 @@ template <class T>
 tensor_view<T, 4> packed_view(T* data, kv_order order, std::size_t n_rows, std::size_t width,
                               std::size_t n_heads, std::size_t head_dim) {
   if (order == kv_order::row_head_slot_dim) {
-    return {data, {n_rows, width, n_heads, head_dim},
+    return {data,
+            {n_rows, width, n_heads, head_dim},
             {n_heads * width * head_dim, head_dim, width * head_dim, 1}};
   }
-  return {data, {n_rows, width, n_heads, head_dim},
+  return {data,
+          {n_rows, width, n_heads, head_dim},
           {width * n_heads * head_dim, n_heads * head_dim, head_dim, 1}};
 }
 
@@ -160,19 +162,19 @@ void unpack_prompts(const packed_layout<Token, Index>& l, tensor_view<S, 4> sour
   ranges.reserve(dst.size());
   for (std::size_t i = 0; i < dst.size(); ++i) {
     const std::size_t len = static_cast<std::size_t>(l.prompt_length[i]);
-    detail::require(dst[i].extent[0] >= len, "prompt ", i, ": destination holds ",
-                    dst[i].extent[0], " positions, length is ", len);
+    detail::require(dst[i].extent[0] >= len, "prompt ", i, ": destination holds ", dst[i].extent[0],
+                    " positions, length is ", len);
     detail::check_heads(src, dst[i], "prompt destination");
     tensor_view<T, 3> written = dst[i];
     written.extent[0] = len;
     detail::check_view(written, "prompt destination", true);
     if (!detail::empty_view(written)) {
-      ranges.emplace_back(written.data, written.data + detail::reach(written, "prompt destination"));
+      ranges.emplace_back(written.data,
+                          written.data + detail::reach(written, "prompt destination"));
     }
   }
-  std::sort(ranges.begin(), ranges.end(), [](const auto& a, const auto& b) {
-    return std::less<const T*>()(a.first, b.first);
-  });
+  std::sort(ranges.begin(), ranges.end(),
+            [](const auto& a, const auto& b) { return std::less<const T*>()(a.first, b.first); });
   for (std::size_t k = 1; k < ranges.size(); ++k) {
     detail::require(std::less<const T*>()(ranges[k - 1].second, ranges[k].first),
                     "destinations: two prompts' buffers overlap in memory");
@@ -251,9 +253,8 @@ void unpack_paged(const packed_layout<Token, Index>& l, tensor_view<S, 4> source
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
     const std::size_t len = static_cast<std::size_t>(l.prompt_length[i]);
     const std::size_t need = (len + block_size - 1) / block_size;
-    detail::require(need <= block_table.extent[1], "prompt ", i, ": length ", len, " needs ",
-                    need, " blocks of ", block_size, ", the block table has ",
-                    block_table.extent[1]);
+    detail::require(need <= block_table.extent[1], "prompt ", i, ": length ", len, " needs ", need,
+                    " blocks of ", block_size, ", the block table has ", block_table.extent[1]);
     for (std::size_t k = 0; k < need; ++k) {
       const B id = block_table(i, k);
       detail::require(!detail::is_negative(id) && static_cast<std::size_t>(id) < n_blocks,
@@ -287,8 +288,8 @@ void gather_last(const packed_layout<Token, Index>& l, tensor_view<S, 2> source,
   const tensor_view<const T, 2> src = detail::as_const<T>(source);
   detail::check_view(src, "source", false);
   detail::check_view(dst, "last-token destination", true);
-  detail::require(src.extent[0] == l.n_slots(), "source: ", src.extent[0], " slots, the layout has ",
-                  l.n_slots(), " (a layout from another batch?)");
+  detail::require(src.extent[0] == l.n_slots(), "source: ", src.extent[0],
+                  " slots, the layout has ", l.n_slots(), " (a layout from another batch?)");
   detail::require(dst.extent[0] >= l.n_prompts(), "last-token destination: ", dst.extent[0],
                   " rows for ", l.n_prompts(), " prompts");
   detail::require(dst.extent[1] == src.extent[1], "last-token destination: ", dst.extent[1],

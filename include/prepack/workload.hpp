@@ -11,10 +11,10 @@
 // Cost: O(n).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
 #include <istream>
 #include <string>
 #include <vector>
@@ -27,11 +27,16 @@ enum class profile { equal, mild, heavy, heavy_cut, one_long };
 
 inline const char* profile_name(profile p) {
   switch (p) {
-    case profile::equal: return "equal";
-    case profile::mild: return "mild";
-    case profile::heavy: return "heavy";
-    case profile::heavy_cut: return "heavy-cut";
-    case profile::one_long: return "one-long";
+    case profile::equal:
+      return "equal";
+    case profile::mild:
+      return "mild";
+    case profile::heavy:
+      return "heavy";
+    case profile::heavy_cut:
+      return "heavy-cut";
+    case profile::one_long:
+      return "one-long";
   }
   return "?";
 }
@@ -87,11 +92,21 @@ inline std::vector<int> generate_lengths(profile p, std::size_t n, std::uint64_t
   };
   for (std::size_t i = 0; i < n; ++i) {
     switch (p) {
-      case profile::equal: len[i] = max_len / 2; break;
-      case profile::mild: len[i] = g.between(max_len / 2, max_len); break;
-      case profile::heavy: len[i] = lognormal(4 * max_len); break;
-      case profile::heavy_cut: len[i] = lognormal(max_len); break;
-      case profile::one_long: len[i] = g.between(4, 32); break;
+      case profile::equal:
+        len[i] = max_len / 2;
+        break;
+      case profile::mild:
+        len[i] = g.between(max_len / 2, max_len);
+        break;
+      case profile::heavy:
+        len[i] = lognormal(4 * max_len);
+        break;
+      case profile::heavy_cut:
+        len[i] = lognormal(max_len);
+        break;
+      case profile::one_long:
+        len[i] = g.between(4, 32);
+        break;
     }
   }
   if (p == profile::one_long) len[static_cast<std::size_t>(g.next() % n)] = max_len;
@@ -115,7 +130,7 @@ inline std::vector<std::vector<int>> generate_prompts(const std::vector<int>& le
 
 /// One non-blank line of a record file.
 struct record {
-  std::size_t line = 0;          // 1-based line number in the source
+  std::size_t line = 0;           // 1-based line number in the source
   std::vector<long long> values;  // the line's integers, in order
 };
 
@@ -147,9 +162,12 @@ inline std::vector<record> read_records(std::istream& in, const std::string& sou
       bool digits = tok.size() <= 18;
       for (char d : tok) digits = digits && d >= '0' && d <= '9';
       const std::string shown = tok.size() > 32 ? tok.substr(0, 32) + "..." : tok;
-      if (!digits) detail::fail(source, ":", line_no, ": ", what, " '", shown, "' is not a non-negative integer");
+      if (!digits)
+        detail::fail(source, ":", line_no, ": ", what, " '", shown,
+                     "' is not a non-negative integer");
       const long long v = std::stoll(tok);
-      if (v >= limit) detail::fail(source, ":", line_no, ": ", what, " ", v, " is not below ", limit);
+      if (v >= limit)
+        detail::fail(source, ":", line_no, ": ", what, " ", v, " is not below ", limit);
       if (rec.values.size() == max_per_line) {
         detail::fail(source, ":", line_no, ": more than ", max_per_line, " values on one line");
       }

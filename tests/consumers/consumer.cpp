@@ -1,6 +1,6 @@
 // A program built by a project that consumes prepack as a package: plans a batch, lays it out,
-// unpacks a tagged tensor and checks every value landed at its prompt. With PREPACK_CONSUMER_REFERENCE,
-// also prefills with the reference model.
+// unpacks a tagged tensor and checks every value landed at its prompt. With
+// PREPACK_CONSUMER_REFERENCE, also prefills with the reference model.
 #include <prepack/prepack.hpp>
 
 #include <cstdio>
@@ -25,7 +25,8 @@ int main() {
                                                 layout.n_rows, layout.width, 1, 1));
   for (std::size_t i = 0; i < lengths.size(); ++i) {
     for (int t = 0; t < lengths[i]; ++t) {
-      if (per_prompt[i][static_cast<std::size_t>(t)] != static_cast<float>(i * 100) + static_cast<float>(t)) {
+      if (per_prompt[i][static_cast<std::size_t>(t)] !=
+          static_cast<float>(i * 100) + static_cast<float>(t)) {
         std::printf("prompt %zu token %d misplaced\n", i, t);
         return 1;
       }
@@ -39,6 +40,7 @@ int main() {
   if (r.logits.rows() != static_cast<long>(lengths.size())) return 1;
   std::printf("consumer: reference prefill ok\n");
 #endif
-  std::printf("consumer: %zu prompts in %zu rows, unpacked exactly\n", lengths.size(), plan.n_rows());
+  std::printf("consumer: %zu prompts in %zu rows, unpacked exactly\n", lengths.size(),
+              plan.n_rows());
   return 0;
 }

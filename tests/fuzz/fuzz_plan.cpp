@@ -13,9 +13,9 @@
 
 namespace {
 
-#define CHECK(cond)                 \
-  do {                              \
-    if (!(cond)) __builtin_trap();  \
+#define CHECK(cond)                \
+  do {                             \
+    if (!(cond)) __builtin_trap(); \
   } while (0)
 
 struct reader {
@@ -72,8 +72,9 @@ void run(reader& in) {
     try {
       const auto p = kind == 0   ? prepack::first_fit_decreasing(len, capacity)
                      : kind == 1 ? prepack::best_fit_decreasing(len, capacity)
-                                 : prepack::padded(len, (mode & 2) ? prepack::padding_side::left
-                                                                   : prepack::padding_side::right,
+                                 : prepack::padded(len,
+                                                   (mode & 2) ? prepack::padding_side::left
+                                                              : prepack::padding_side::right,
                                                    capacity);
       check_plan(len, p);
     } catch (const prepack::error&) {
@@ -88,14 +89,30 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size == 0) return 0;
   reader in{data + 1, size - 1};
   switch (data[0] % 8) {
-    case 0: run<std::int8_t>(in); break;
-    case 1: run<std::uint8_t>(in); break;
-    case 2: run<std::int16_t>(in); break;
-    case 3: run<std::uint16_t>(in); break;
-    case 4: run<std::int32_t>(in); break;
-    case 5: run<std::uint32_t>(in); break;
-    case 6: run<std::int64_t>(in); break;
-    default: run<std::uint64_t>(in); break;
+    case 0:
+      run<std::int8_t>(in);
+      break;
+    case 1:
+      run<std::uint8_t>(in);
+      break;
+    case 2:
+      run<std::int16_t>(in);
+      break;
+    case 3:
+      run<std::uint16_t>(in);
+      break;
+    case 4:
+      run<std::int32_t>(in);
+      break;
+    case 5:
+      run<std::uint32_t>(in);
+      break;
+    case 6:
+      run<std::int64_t>(in);
+      break;
+    default:
+      run<std::uint64_t>(in);
+      break;
   }
   return 0;
 }

@@ -10,9 +10,9 @@
 
 namespace {
 
-#define CHECK(cond)                 \
-  do {                              \
-    if (!(cond)) __builtin_trap();  \
+#define CHECK(cond)                \
+  do {                             \
+    if (!(cond)) __builtin_trap(); \
   } while (0)
 
 constexpr int kUntouched = -1;
@@ -58,13 +58,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
     // Tagged packed source, (row, slot, head, dim = 1).
     std::vector<int> src(l.n_slots() * heads, -2);
-    const auto sv = prepack::packed_view<int>(src.data(), (mode & 8) ? prepack::kv_order::row_head_slot_dim
-                                                                     : prepack::kv_order::row_slot_head_dim,
-                                              l.n_rows, l.width, heads, 1);
+    const auto sv = prepack::packed_view<int>(
+        src.data(),
+        (mode & 8) ? prepack::kv_order::row_head_slot_dim : prepack::kv_order::row_slot_head_dim,
+        l.n_rows, l.width, heads, 1);
     for (std::size_t i = 0; i < n; ++i) {
       for (std::size_t t = 0; t < static_cast<std::size_t>(len[i]); ++t) {
         for (std::size_t h = 0; h < heads; ++h) {
-          sv(static_cast<std::size_t>(l.prompt_row[i]), static_cast<std::size_t>(l.prompt_offset[i]) + t, h, 0) = tag(i, t, h);
+          sv(static_cast<std::size_t>(l.prompt_row[i]),
+             static_cast<std::size_t>(l.prompt_offset[i]) + t, h, 0) = tag(i, t, h);
         }
       }
     }
@@ -78,7 +80,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto pv = prepack::contiguous_view<int, 4>(pool.data(), {n_blocks, block_size, heads, 1});
     bool ok = true;
     try {
-      prepack::unpack_paged(l, sv, pv, prepack::contiguous_view<const int, 2>(bt.data(), {n, max_blocks}));
+      prepack::unpack_paged(l, sv, pv,
+                            prepack::contiguous_view<const int, 2>(bt.data(), {n, max_blocks}));
     } catch (const prepack::error&) {
       ok = false;
       CHECK(std::all_of(pool.begin(), pool.end(), [](int x) { return x == kUntouched; }));
@@ -93,7 +96,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           }
         }
       }
-      CHECK(static_cast<std::size_t>(std::count(pool.begin(), pool.end(), kUntouched)) + written == pool.size());
+      CHECK(static_cast<std::size_t>(std::count(pool.begin(), pool.end(), kUntouched)) + written ==
+            pool.size());
     }
     // Per-prompt buffers, then a left-padded batch: exact placement, pads untouched.
     const auto per = prepack::unpack_contiguous(l, sv);
@@ -104,7 +108,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     const std::size_t w = static_cast<std::size_t>(*std::max_element(len.begin(), len.end()));
     std::vector<int> lp(n * w * heads, kUntouched);
-    prepack::unpack_left_padded(l, sv, prepack::contiguous_view<int, 4>(lp.data(), {n, w, heads, 1}));
+    prepack::unpack_left_padded(l, sv,
+                                prepack::contiguous_view<int, 4>(lp.data(), {n, w, heads, 1}));
     for (std::size_t i = 0; i < n; ++i) {
       const std::size_t pad = w - static_cast<std::size_t>(len[i]);
       for (std::size_t s = 0; s < w; ++s) {

@@ -31,7 +31,10 @@ struct kv_cache {
 
   kv_cache() = default;
   kv_cache(const config& c, std::size_t cap)
-      : n_layers(c.n_layers), n_kv_heads(c.n_kv_heads), head_dim(c.head_size()), capacity(cap),
+      : n_layers(c.n_layers),
+        n_kv_heads(c.n_kv_heads),
+        head_dim(c.head_size()),
+        capacity(cap),
         keys(per_layer() * static_cast<std::size_t>(c.n_layers)),
         values(per_layer() * static_cast<std::size_t>(c.n_layers)) {}
 
@@ -42,10 +45,18 @@ struct kv_cache {
   tensor_view<float, 3> key_view(int layer) { return view(keys, layer); }
   tensor_view<float, 3> value_view(int layer) { return view(values, layer); }
   /// Head h's key (value) of position p in layer l: head_dim contiguous floats.
-  float* key(int layer, int head, std::size_t pos) { return keys.data() + offset(layer, head, pos); }
-  float* value(int layer, int head, std::size_t pos) { return values.data() + offset(layer, head, pos); }
-  const float* key(int layer, int head, std::size_t pos) const { return keys.data() + offset(layer, head, pos); }
-  const float* value(int layer, int head, std::size_t pos) const { return values.data() + offset(layer, head, pos); }
+  float* key(int layer, int head, std::size_t pos) {
+    return keys.data() + offset(layer, head, pos);
+  }
+  float* value(int layer, int head, std::size_t pos) {
+    return values.data() + offset(layer, head, pos);
+  }
+  const float* key(int layer, int head, std::size_t pos) const {
+    return keys.data() + offset(layer, head, pos);
+  }
+  const float* value(int layer, int head, std::size_t pos) const {
+    return values.data() + offset(layer, head, pos);
+  }
 
  private:
   std::size_t offset(int layer, int head, std::size_t pos) const noexcept {
@@ -65,14 +76,13 @@ template <class Token, class Index>
 std::vector<kv_cache> unpack_caches(const model& m, const packed_layout<Token, Index>& l,
                                     const prefill_result& r, std::size_t extra = 0) {
   const config& c = m.cfg();
-  prepack::detail::require(r.n_layers == c.n_layers && r.n_kv_heads == c.n_kv_heads &&
-                               r.head_dim == c.head_size(),
-                           "prefill result: ", r.n_layers, " layers x ", r.n_kv_heads,
-                           " kv heads x ", r.head_dim, " dims, the model has ", c.n_layers, " x ",
-                           c.n_kv_heads, " x ", c.head_size());
-  prepack::detail::require(r.n_rows == l.n_rows && r.width == l.width, "prefill result: ",
-                           r.n_rows, " rows x ", r.width, " slots, the layout has ", l.n_rows,
-                           " x ", l.width, " (a layout from another batch?)");
+  prepack::detail::require(
+      r.n_layers == c.n_layers && r.n_kv_heads == c.n_kv_heads && r.head_dim == c.head_size(),
+      "prefill result: ", r.n_layers, " layers x ", r.n_kv_heads, " kv heads x ", r.head_dim,
+      " dims, the model has ", c.n_layers, " x ", c.n_kv_heads, " x ", c.head_size());
+  prepack::detail::require(r.n_rows == l.n_rows && r.width == l.width, "prefill result: ", r.n_rows,
+                           " rows x ", r.width, " slots, the layout has ", l.n_rows, " x ", l.width,
+                           " (a layout from another batch?)");
   std::vector<kv_cache> caches;
   caches.reserve(l.n_prompts());
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
@@ -98,7 +108,7 @@ struct decode_options {
 /// Greedy continuations: tokens[i][k] is prompt i's k-th new token; margins[i][k] how far its
 /// logit led the runner-up (a small margin marks a near-tie that rounding could flip).
 struct decode_result {
-  std::vector<std::vector<int>> tokens;    // [n_prompts][n_new]
+  std::vector<std::vector<int>> tokens;     // [n_prompts][n_new]
   std::vector<std::vector<float>> margins;  // [n_prompts][n_new]
 };
 
@@ -121,13 +131,14 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
   for (std::size_t i = 0; i < b; ++i) {
     const kv_cache& kc = caches[i];
     require(kc.n_layers == c.n_layers && kc.n_kv_heads == c.n_kv_heads &&
-                kc.head_dim == c.head_size() && kc.keys.size() == kc.per_layer() * static_cast<std::size_t>(c.n_layers) &&
+                kc.head_dim == c.head_size() &&
+                kc.keys.size() == kc.per_layer() * static_cast<std::size_t>(c.n_layers) &&
                 kc.values.size() == kc.keys.size(),
             "cache ", i, ": shape does not match the model");
     require(kc.length >= 1 && kc.length <= kc.capacity, "cache ", i, ": length ", kc.length,
             " with capacity ", kc.capacity);
-    require(n_new == 0 || kc.length + static_cast<std::size_t>(n_new) - 1 <= kc.capacity, "cache ", i,
-            ": capacity ", kc.capacity, " cannot hold ", n_new - 1, " more positions after ",
+    require(n_new == 0 || kc.length + static_cast<std::size_t>(n_new) - 1 <= kc.capacity, "cache ",
+            i, ": capacity ", kc.capacity, " cannot hold ", n_new - 1, " more positions after ",
             kc.length);
   }
   decode_result out;
@@ -141,17 +152,18 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const Eigen::Index bn = static_cast<Eigen::Index>(b);
   std::size_t longest = 0;
-  for (const kv_cache& kc : caches) longest = std::max(longest, kc.length + static_cast<std::size_t>(n_new));
-  const detail::rope_table rope = detail::make_rope_table(c.rotary_dim(), c.rope_theta,
-                                                          static_cast<std::int64_t>(longest));
+  for (const kv_cache& kc : caches)
+    longest = std::max(longest, kc.length + static_cast<std::size_t>(n_new));
+  const detail::rope_table rope =
+      detail::make_rope_table(c.rotary_dim(), c.rope_theta, static_cast<std::int64_t>(longest));
   matrix h(bn, c.hidden), x(bn, c.hidden), q(bn, c.q_dim()), k(bn, c.kv_dim()), v(bn, c.kv_dim()),
       att(bn, c.q_dim()), gate(bn, c.ffn), up(bn, c.ffn), logits = last_logits;
   std::vector<float> scores(static_cast<std::size_t>(nt) * longest);  // [n_threads][longest]
 
   for (int step = 0;; ++step) {
     for (std::size_t i = 0; i < b; ++i) {
-      const auto [token, margin] = detail::argmax_with_margin(logits.row(static_cast<Eigen::Index>(i)).data(),
-                                                              static_cast<std::size_t>(c.vocab));
+      const auto [token, margin] = detail::argmax_with_margin(
+          logits.row(static_cast<Eigen::Index>(i)).data(), static_cast<std::size_t>(c.vocab));
       out.tokens[i].push_back(token);
       out.margins[i].push_back(margin);
       h.row(static_cast<Eigen::Index>(i)) = w.embed.row(token);
@@ -172,14 +184,17 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
           float* kr = k.row(i).data() + g * hd;
           detail::rope(kr, rope, static_cast<std::int64_t>(pos));
           std::copy(kr, kr + hd, kc.key(layer, g, pos));
-          std::copy(v.row(i).data() + g * hd, v.row(i).data() + (g + 1) * hd, kc.value(layer, g, pos));
+          std::copy(v.row(i).data() + g * hd, v.row(i).data() + (g + 1) * hd,
+                    kc.value(layer, g, pos));
         }
         for (int head = 0; head < c.n_heads; ++head) {
           float* qh = q.row(i).data() + head * hd;
           detail::rope(qh, rope, static_cast<std::int64_t>(pos));
           const int g = head / group;
-          Eigen::Map<const matrix> keys(kc.key(layer, g, 0), static_cast<Eigen::Index>(pos + 1), hd);
-          Eigen::Map<const matrix> vals(kc.value(layer, g, 0), static_cast<Eigen::Index>(pos + 1), hd);
+          Eigen::Map<const matrix> keys(kc.key(layer, g, 0), static_cast<Eigen::Index>(pos + 1),
+                                        hd);
+          Eigen::Map<const matrix> vals(kc.value(layer, g, 0), static_cast<Eigen::Index>(pos + 1),
+                                        hd);
           Eigen::Map<Eigen::VectorXf> sv(s, static_cast<Eigen::Index>(pos + 1));
           sv.noalias() = keys * Eigen::Map<const Eigen::VectorXf>(qh, hd);
           sv *= scale;
@@ -191,7 +206,8 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
       detail::rms_norm(h, lw.mlp_norm, c.rms_eps, x);
       gate.noalias() = x * lw.w_gate;
       up.noalias() = x * lw.w_up;
-      for (Eigen::Index i = 0; i < bn; ++i) detail::swiglu(gate.row(i).data(), up.row(i).data(), static_cast<std::size_t>(c.ffn));
+      for (Eigen::Index i = 0; i < bn; ++i)
+        detail::swiglu(gate.row(i).data(), up.row(i).data(), static_cast<std::size_t>(c.ffn));
       h.noalias() += gate * lw.w_down;
     }
     for (kv_cache& kc : caches) ++kc.length;

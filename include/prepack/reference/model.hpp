@@ -41,18 +41,20 @@ namespace reference {
 
 /// Model hyper-parameters. validate() checks them; the model's constructors call it.
 struct config {
-  int vocab = 512;            // token ids are 0 .. vocab - 1
-  int hidden = 128;           // residual stream width
+  int vocab = 512;   // token ids are 0 .. vocab - 1
+  int hidden = 128;  // residual stream width
   int n_layers = 2;
-  int n_heads = 4;            // query heads
-  int n_kv_heads = 2;         // key/value heads; n_heads must be a multiple (grouped-query)
-  int head_dim = 0;           // 0: hidden / n_heads (then hidden must be a multiple of n_heads)
-  int ffn = 256;              // SwiGLU inner width
+  int n_heads = 4;     // query heads
+  int n_kv_heads = 2;  // key/value heads; n_heads must be a multiple (grouped-query)
+  int head_dim = 0;    // 0: hidden / n_heads (then hidden must be a multiple of n_heads)
+  int ffn = 256;       // SwiGLU inner width
   double rope_theta = 10000.0;
   float rms_eps = 1e-5f;
-  int pad_id = 0;             // token id of pad slots; must be < vocab
+  int pad_id = 0;  // token id of pad slots; must be < vocab
 
-  int head_size() const noexcept { return head_dim > 0 ? head_dim : (n_heads > 0 ? hidden / n_heads : 0); }
+  int head_size() const noexcept {
+    return head_dim > 0 ? head_dim : (n_heads > 0 ? hidden / n_heads : 0);
+  }
   int q_dim() const noexcept { return n_heads * head_size(); }
   int kv_dim() const noexcept { return n_kv_heads * head_size(); }
   /// Features rotated by RoPE: the head size rounded down to even; an odd last feature passes.
@@ -178,8 +180,8 @@ inline weights random_weights(const config& c, std::uint64_t seed) {
 inline void check_weights(const config& c, const weights& w) {
   c.validate();
   detail::check_shape(w.embed, c.vocab, c.hidden, "embed");
-  prepack::detail::require(w.layers.size() == static_cast<std::size_t>(c.n_layers), "weights: ",
-                           w.layers.size(), " layers, config has ", c.n_layers);
+  prepack::detail::require(w.layers.size() == static_cast<std::size_t>(c.n_layers),
+                           "weights: ", w.layers.size(), " layers, config has ", c.n_layers);
   for (std::size_t l = 0; l < w.layers.size(); ++l) {
     const layer_weights& lw = w.layers[l];
     const std::string p = "layers[" + std::to_string(l) + "].";
@@ -220,10 +222,10 @@ struct memory_stats {
 /// Where a prefill spent its time, and the work it did.
 struct prefill_profile {
   double seconds_total = 0;
-  double seconds_linear = 0;     // Q/K/V/O projections, MLP and LM head GEMMs
+  double seconds_linear = 0;  // Q/K/V/O projections, MLP and LM head GEMMs
   double seconds_attention = 0;
-  double linear_flops = 0;       // 2 * m * n * k summed over those GEMMs
-  double attention_flops = 0;    // QK^T and PV products, as computed
+  double linear_flops = 0;     // 2 * m * n * k summed over those GEMMs
+  double attention_flops = 0;  // QK^T and PV products, as computed
   int n_threads = 1;
 };
 
@@ -361,13 +363,13 @@ namespace detail {
 template <class Token, class Index>
 struct batch_view {
   std::size_t n_rows = 0, width = 0;
-  const Token* tokens = nullptr;       // [n_rows][width]
-  const Index* positions = nullptr;    // [n_rows][width]
-  const Index* segments = nullptr;     // [n_rows][width]  -1 on pad slots; null: no pad slots known
-  const float* mask = nullptr;         // [n_rows][width][width]  additive; null: segment path
-  std::vector<attention_task> tasks;   // per head: a row (dense) or a causal block (segment)
-  std::vector<std::size_t> outputs;    // flat slots whose logits are wanted
-  std::size_t mask_bytes = 0;          // the mask's size, for the memory report
+  const Token* tokens = nullptr;      // [n_rows][width]
+  const Index* positions = nullptr;   // [n_rows][width]
+  const Index* segments = nullptr;    // [n_rows][width]  -1 on pad slots; null: no pad slots known
+  const float* mask = nullptr;        // [n_rows][width][width]  additive; null: segment path
+  std::vector<attention_task> tasks;  // per head: a row (dense) or a causal block (segment)
+  std::vector<std::size_t> outputs;   // flat slots whose logits are wanted
+  std::size_t mask_bytes = 0;         // the mask's size, for the memory report
 };
 
 }  // namespace detail
@@ -387,7 +389,8 @@ class model {
   /// prompt i. Throws prepack::error, computing nothing, if the layout is inconsistent (see
   /// check_layout), a token id is outside the vocabulary, or n_threads < 0.
   template <class Token, class Index>
-  prefill_result prefill(const packed_layout<Token, Index>& l, const prefill_options& opt = {}) const {
+  prefill_result prefill(const packed_layout<Token, Index>& l,
+                         const prefill_options& opt = {}) const {
     check_layout(l);
     detail::batch_view<Token, Index> b;
     b.n_rows = l.n_rows;
@@ -404,7 +407,8 @@ class model {
       b.mask_bytes = mask.size() * sizeof(float);
       for (std::size_t row = 0; row < l.n_rows; ++row) {
         for (int head = 0; head < cfg_.n_heads; ++head) {
-          b.tasks.push_back({static_cast<Eigen::Index>(row * l.width), static_cast<Eigen::Index>(l.width), head});
+          b.tasks.push_back(
+              {static_cast<Eigen::Index>(row * l.width), static_cast<Eigen::Index>(l.width), head});
         }
       }
     } else {
@@ -432,13 +436,15 @@ class model {
     using prepack::detail::require;
     const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
     require(slots > 0, "batch: ", n_rows, " rows x ", width, " slots");
-    require(tokens.size() == slots, "tokens: ", tokens.size(), " ids for ", n_rows, " x ", width, " slots");
-    require(positions.size() == slots, "positions: ", positions.size(), " ids for ", n_rows, " x ", width, " slots");
+    require(tokens.size() == slots, "tokens: ", tokens.size(), " ids for ", n_rows, " x ", width,
+            " slots");
+    require(positions.size() == slots, "positions: ", positions.size(), " ids for ", n_rows, " x ",
+            width, " slots");
     require(mask.size() == prepack::detail::mul(slots, width, "mask"), "mask: ", mask.size(),
             " elements for ", n_rows, " x ", width, " x ", width);
     for (std::size_t k = 0; k < output_slots.size(); ++k) {
-      require(output_slots[k] >= 0 && static_cast<std::size_t>(output_slots[k]) < slots, "output slot ", k,
-              ": ", output_slots[k], " outside ", slots, " slots");
+      require(output_slots[k] >= 0 && static_cast<std::size_t>(output_slots[k]) < slots,
+              "output slot ", k, ": ", output_slots[k], " outside ", slots, " slots");
     }
     detail::batch_view<Token, Index> b;
     b.n_rows = n_rows;
@@ -449,7 +455,8 @@ class model {
     b.mask_bytes = mask.size() * sizeof(float);
     for (std::size_t row = 0; row < n_rows; ++row) {
       for (int head = 0; head < cfg_.n_heads; ++head) {
-        b.tasks.push_back({static_cast<Eigen::Index>(row * width), static_cast<Eigen::Index>(width), head});
+        b.tasks.push_back(
+            {static_cast<Eigen::Index>(row * width), static_cast<Eigen::Index>(width), head});
       }
     }
     for (Index s : output_slots) b.outputs.push_back(static_cast<std::size_t>(s));
@@ -479,7 +486,8 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
         prepack::detail::fail("prompt ", b.segments[s], ": token ", b.positions[s], " = ", tok,
                               " outside vocab ", c.vocab);
       }
-      prepack::detail::fail(pad ? "pad slot " : "slot ", s, ": token ", tok, " outside vocab ", c.vocab);
+      prepack::detail::fail(pad ? "pad slot " : "slot ", s, ": token ", tok, " outside vocab ",
+                            c.vocab);
     }
     if (pad) continue;
     const auto pos = static_cast<long long>(b.positions[s]);
@@ -508,30 +516,36 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
   r.values.resize(per_layer * static_cast<std::size_t>(c.n_layers));
 
   // Activations, allocated once and reused by every layer.
-  matrix h(n, c.hidden);    // [n_slots][hidden]  residual stream
-  matrix x(n, c.hidden);    // [n_slots][hidden]  normalised input of a block
-  matrix q(n, q_dim);       // [n_slots][n_heads * head_dim]
-  matrix att(n, q_dim);     // [n_slots][n_heads * head_dim]  attention output
-  matrix gate(n, c.ffn);    // [n_slots][ffn]
-  matrix up(n, c.ffn);      // [n_slots][ffn]
+  matrix h(n, c.hidden);  // [n_slots][hidden]  residual stream
+  matrix x(n, c.hidden);  // [n_slots][hidden]  normalised input of a block
+  matrix q(n, q_dim);     // [n_slots][n_heads * head_dim]
+  matrix att(n, q_dim);   // [n_slots][n_heads * head_dim]  attention output
+  matrix gate(n, c.ffn);  // [n_slots][ffn]
+  matrix up(n, c.ffn);    // [n_slots][ffn]
   const detail::rope_table rope = detail::make_rope_table(c.rotary_dim(), c.rope_theta, top);
   // Longest tasks first, so the dynamic schedule balances the threads.
-  std::stable_sort(b.tasks.begin(), b.tasks.end(), [](const auto& u, const auto& v) { return u.len > v.len; });
+  std::stable_sort(b.tasks.begin(), b.tasks.end(),
+                   [](const auto& u, const auto& v) { return u.len > v.len; });
   const Eigen::Index side = b.tasks.empty() ? 0 : b.tasks.front().len;
   const Eigen::Index per_thread = std::min(side, detail::query_block) * side;
-  std::vector<float> scratch(static_cast<std::size_t>(nt) * static_cast<std::size_t>(per_thread));  // [n_threads][query_block][side]
+  std::vector<float> scratch(
+      static_cast<std::size_t>(nt) *
+      static_cast<std::size_t>(per_thread));  // [n_threads][query_block][side]
 
   r.memory.kv_bytes = 2 * per_layer * static_cast<std::size_t>(c.n_layers) * f;
-  r.memory.activation_bytes =
-      (static_cast<std::size_t>(h.size() + x.size() + q.size() + att.size() + gate.size() + up.size()) +
-       rope.cos.size() + rope.sin.size() + b.outputs.size() * static_cast<std::size_t>(c.hidden + c.vocab)) * f;
+  r.memory.activation_bytes = (static_cast<std::size_t>(h.size() + x.size() + q.size() +
+                                                        att.size() + gate.size() + up.size()) +
+                               rope.cos.size() + rope.sin.size() +
+                               b.outputs.size() * static_cast<std::size_t>(c.hidden + c.vocab)) *
+                              f;
   r.memory.mask_bytes = b.mask_bytes;
   r.memory.scratch_bytes = scratch.size() * f;
-  r.memory.peak_bytes = r.memory.kv_bytes + r.memory.activation_bytes + r.memory.mask_bytes +
-                        r.memory.scratch_bytes;
+  r.memory.peak_bytes =
+      r.memory.kv_bytes + r.memory.activation_bytes + r.memory.mask_bytes + r.memory.scratch_bytes;
 
   double t_linear = 0, t_attention = 0;
-  for (Eigen::Index s = 0; s < n; ++s) h.row(s) = w_.embed.row(static_cast<Eigen::Index>(b.tokens[s]));
+  for (Eigen::Index s = 0; s < n; ++s)
+    h.row(s) = w_.embed.row(static_cast<Eigen::Index>(b.tokens[s]));
 
   for (int layer = 0; layer < c.n_layers; ++layer) {
     const layer_weights& lw = w_.layers[static_cast<std::size_t>(layer)];
@@ -553,8 +567,10 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
         continue;
       }
       const auto pos = static_cast<std::int64_t>(b.positions[s]);
-      for (int head = 0; head < c.n_heads; ++head) detail::rope(q.row(s).data() + head * hd, rope, pos);
-      for (int head = 0; head < c.n_kv_heads; ++head) detail::rope(k.row(s).data() + head * hd, rope, pos);
+      for (int head = 0; head < c.n_heads; ++head)
+        detail::rope(q.row(s).data() + head * hd, rope, pos);
+      for (int head = 0; head < c.n_kv_heads; ++head)
+        detail::rope(k.row(s).data() + head * hd, rope, pos);
     }
     const Eigen::Index n_tasks = static_cast<Eigen::Index>(b.tasks.size());
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
@@ -579,7 +595,8 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
     up.noalias() = x * lw.w_up;
     t_linear += detail::seconds_since(t0);
 #pragma omp parallel for num_threads(nt) schedule(static)
-    for (Eigen::Index s = 0; s < n; ++s) detail::swiglu(gate.row(s).data(), up.row(s).data(), static_cast<std::size_t>(c.ffn));
+    for (Eigen::Index s = 0; s < n; ++s)
+      detail::swiglu(gate.row(s).data(), up.row(s).data(), static_cast<std::size_t>(c.ffn));
     t0 = detail::clock::now();
     h.noalias() += gate * lw.w_down;
     t_linear += detail::seconds_since(t0);
@@ -587,14 +604,16 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
 
   // Only the wanted slots go through the final norm and the LM head.
   matrix last(n_out, c.hidden);  // [n_outputs][hidden]
-  for (Eigen::Index i = 0; i < n_out; ++i) last.row(i) = h.row(static_cast<Eigen::Index>(b.outputs[static_cast<std::size_t>(i)]));
+  for (Eigen::Index i = 0; i < n_out; ++i)
+    last.row(i) = h.row(static_cast<Eigen::Index>(b.outputs[static_cast<std::size_t>(i)]));
   detail::rms_norm(last, w_.final_norm, c.rms_eps, last);
   auto t0 = detail::clock::now();
   r.logits.noalias() = last * w_.lm_head;
   t_linear += detail::seconds_since(t0);
 
   const double hidden = c.hidden, qd = c.q_dim(), kvd = c.kv_dim(), ffn = c.ffn;
-  const double per_token = 2.0 * hidden * (qd + 2.0 * kvd) + 2.0 * qd * hidden + 3.0 * 2.0 * hidden * ffn;
+  const double per_token =
+      2.0 * hidden * (qd + 2.0 * kvd) + 2.0 * qd * hidden + 3.0 * 2.0 * hidden * ffn;
   r.profile.linear_flops = per_token * static_cast<double>(n) * c.n_layers +
                            2.0 * static_cast<double>(n_out) * hidden * c.vocab;
   double att_flops = 0;

@@ -32,15 +32,16 @@ void rms_norm(const In& x, const vector& w, float eps, Out& out) {
 
 // cos/sin of every (position, frequency) pair a batch needs, rotate-half convention.
 struct rope_table {
-  int half = 0;             // rotary_dim / 2 frequencies
-  std::vector<float> cos;   // [max_position + 1][half]
-  std::vector<float> sin;   // [max_position + 1][half]
+  int half = 0;            // rotary_dim / 2 frequencies
+  std::vector<float> cos;  // [max_position + 1][half]
+  std::vector<float> sin;  // [max_position + 1][half]
 };
 
 inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max_position) {
   rope_table r;
   r.half = rotary_dim / 2;
-  const std::size_t n = static_cast<std::size_t>(max_position + 1) * static_cast<std::size_t>(r.half);
+  const std::size_t n =
+      static_cast<std::size_t>(max_position + 1) * static_cast<std::size_t>(r.half);
   r.cos.resize(n);
   r.sin.resize(n);
   for (std::int64_t p = 0; p <= max_position; ++p) {
@@ -49,7 +50,8 @@ inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max
       // from an fp32 exponent: the same value for the same position in every batch shape.
       const double inv_freq = std::pow(theta, -2.0 * i / rotary_dim);
       const double angle = static_cast<double>(p) * inv_freq;
-      const std::size_t k = static_cast<std::size_t>(p) * static_cast<std::size_t>(r.half) + static_cast<std::size_t>(i);
+      const std::size_t k = static_cast<std::size_t>(p) * static_cast<std::size_t>(r.half) +
+                            static_cast<std::size_t>(i);
       r.cos[k] = static_cast<float>(std::cos(angle));
       r.sin[k] = static_cast<float>(std::sin(angle));
     }
