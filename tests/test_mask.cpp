@@ -121,4 +121,26 @@ TEST(MaskErrors, SizesThatOverflowOrMismatch) {
   EXPECT_EQ(small, std::vector<float>(3, 5.0f));
 }
 
+TEST(MaskErrors, EditedLayoutsAreRefusedNotReadPastTheEnd) {
+  const std::vector<int> len{3, 2, 2};
+  const auto good = prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>(7, 1));
+  auto a = good;
+  a.segments[0] = 40;  // a prompt id far outside the tables
+  EXPECT_PREPACK_ERROR(prepack::make_token_batch(a), "layout: prompt 0: slot 0 holds segment 40");
+  auto b = good;
+  b.row_begin[1] = 3;
+  EXPECT_PREPACK_ERROR(prepack::make_varlen(b), "layout: row 0: entry 1");
+  auto c = good;
+  c.row_cu_seqlens[1] = 99;
+  EXPECT_PREPACK_ERROR(prepack::make_varlen(c), "cu_seqlens disagree");
+  auto d = good;
+  d.positions.pop_back();
+  EXPECT_PREPACK_ERROR(prepack::attention_mask(d), "arrays do not hold");
+  auto e = good;
+  e.prompt_length[2] = -1;
+  std::vector<float> out(prepack::dense_mask_size(e), 3.0f);
+  EXPECT_PREPACK_ERROR(prepack::fill_dense_mask(e, prepack::span<float>(out), 0.0f, 1.0f), "length -1");
+  EXPECT_EQ(out, std::vector<float>(out.size(), 3.0f));
+}
+
 }  // namespace

@@ -225,38 +225,59 @@ packed_layout<Token, Index> make_layout(const pack_plan<Length>& plan,
 /// layout edited by hand or mixed from two batches is refused. Throws prepack::error.
 template <class Token, class Index>
 void check_layout(const packed_layout<Token, Index>& l) {
+  using detail::require;
   const std::size_t slots = detail::mul(l.n_rows, l.width, "layout slots");
   const std::size_t n = l.n_prompts();
-  detail::require(n > 0 && l.n_rows > 0 && l.width > 0, "layout: empty (", n, " prompts, ",
-                  l.n_rows, " rows, width ", l.width, ")");
-  detail::require(
-      l.tokens.size() == slots && l.positions.size() == slots && l.segments.size() == slots,
-      "layout: arrays do not hold n_rows * width = ", slots, " slots");
-  detail::require(l.prompt_row.size() == n && l.prompt_offset.size() == n &&
-                      l.last_token.size() == n && l.row_prompts.size() == n &&
-                      l.row_begin.size() == l.n_rows + 1 && l.row_cu_seqlens.size() == n + l.n_rows,
-                  "layout: per-prompt or per-row tables have inconsistent sizes");
-  std::size_t marked = 0;
-  for (Index s : l.segments) marked += s >= 0 ? 1 : 0;
-  detail::require(marked == l.useful_tokens(), "layout: ", marked,
-                  " slots carry a segment id but the prompts hold ", l.useful_tokens(), " tokens");
+  require(n > 0 && l.n_rows > 0 && l.width > 0, "layout: empty (", n, " prompts, ", l.n_rows,
+          " rows, width ", l.width, ")");
+  require(l.tokens.size() == slots && l.positions.size() == slots && l.segments.size() == slots,
+          "layout: arrays do not hold n_rows * width = ", slots, " slots");
+  require(l.prompt_row.size() == n && l.prompt_offset.size() == n && l.last_token.size() == n &&
+              l.row_prompts.size() == n && l.row_begin.size() == l.n_rows + 1 &&
+              l.row_cu_seqlens.size() == n + l.n_rows,
+          "layout: per-prompt or per-row tables have inconsistent sizes");
+  std::size_t useful = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const Index row = l.prompt_row[i], off = l.prompt_offset[i], len = l.prompt_length[i];
-    detail::require(row >= 0 && static_cast<std::size_t>(row) < l.n_rows && off >= 0 && len > 0 &&
-                        static_cast<std::size_t>(off) + static_cast<std::size_t>(len) <= l.width,
-                    "layout: prompt ", i, " (row ", row, ", offset ", off, ", length ", len,
-                    ") lies outside ", l.n_rows, " rows of width ", l.width);
-    const std::size_t first =
-        static_cast<std::size_t>(row) * l.width + static_cast<std::size_t>(off);
-    detail::require(
-        static_cast<std::size_t>(l.last_token[i]) == first + static_cast<std::size_t>(len) - 1,
-        "layout: prompt ", i, ": last token ", l.last_token[i], ", expected ",
-        first + static_cast<std::size_t>(len) - 1);
+    require(row >= 0 && static_cast<std::size_t>(row) < l.n_rows && off >= 0 && len > 0 &&
+                static_cast<std::size_t>(off) + static_cast<std::size_t>(len) <= l.width,
+            "layout: prompt ", i, " (row ", row, ", offset ", off, ", length ", len,
+            ") lies outside ", l.n_rows, " rows of width ", l.width);
+    const std::size_t first = static_cast<std::size_t>(row) * l.width + static_cast<std::size_t>(off);
+    const std::size_t last = first + static_cast<std::size_t>(len) - 1;
+    require(l.last_token[i] >= 0 && static_cast<std::size_t>(l.last_token[i]) == last, "layout: prompt ",
+            i, ": last token ", l.last_token[i], ", expected ", last);
     for (std::size_t t = 0; t < static_cast<std::size_t>(len); ++t) {
-      detail::require(l.segments[first + t] == static_cast<Index>(i) &&
-                          l.positions[first + t] == static_cast<Index>(t),
-                      "layout: prompt ", i, ": slot ", first + t, " holds segment ",
-                      l.segments[first + t], " position ", l.positions[first + t]);
+      require(l.segments[first + t] == static_cast<Index>(i) && l.positions[first + t] == static_cast<Index>(t),
+              "layout: prompt ", i, ": slot ", first + t, " holds segment ", l.segments[first + t],
+              " position ", l.positions[first + t]);
+    }
+    useful += static_cast<std::size_t>(len);
+  }
+  std::size_t marked = 0;
+  for (Index seg : l.segments) marked += seg >= 0 ? 1 : 0;
+  require(marked == useful, "layout: ", marked, " slots carry a segment id but the prompts hold ",
+          useful, " tokens");
+  // Row tables: row_begin delimits row_prompts; each row lists its own prompts once, adjacent in
+  // slot order, and row_cu_seqlens holds their boundaries.
+  require(l.row_begin.front() == 0 && l.row_begin.back() == n, "layout: row_begin does not delimit ",
+          n, " prompts");
+  std::vector<unsigned char> seen(n, 0);
+  for (std::size_t r = 0; r < l.n_rows; ++r) {
+    require(l.row_begin[r] <= l.row_begin[r + 1], "layout: row ", r, ": row_begin decreases");
+    const Index* cu = l.row_cu_seqlens.data() + l.row_begin[r] + r;
+    for (std::size_t k = l.row_begin[r]; k < l.row_begin[r + 1]; ++k) {
+      const Index id = l.row_prompts[k];
+      require(id >= 0 && static_cast<std::size_t>(id) < n && !seen[static_cast<std::size_t>(id)] &&
+                  l.prompt_row[static_cast<std::size_t>(id)] == static_cast<Index>(r),
+              "layout: row ", r, ": entry ", k, " (prompt ", id,
+              ") is not a prompt of this row or is listed twice");
+      const auto i = static_cast<std::size_t>(id);
+      seen[i] = 1;
+      const std::size_t j = k - l.row_begin[r];
+      require((j > 0 || cu[0] == l.prompt_offset[i]) && cu[j] == l.prompt_offset[i] &&
+                  cu[j + 1] == l.prompt_offset[i] + l.prompt_length[i],
+              "layout: row ", r, ": cu_seqlens disagree with prompt ", i);
     }
   }
 }

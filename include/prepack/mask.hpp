@@ -31,10 +31,12 @@ std::size_t dense_mask_size(const packed_layout<Token, Index>& l) {
 /// Writes the block-diagonal causal mask into out, [n_rows][width][width], row-major: element
 /// (r, q, k) is `allowed` when query slot q may attend key slot k (same prompt, k <= q) and
 /// `blocked` otherwise. A pad query attends to nothing. Throws prepack::error, writing nothing,
-/// if out.size() != dense_mask_size(l).
+/// if out.size() != dense_mask_size(l) or the layout is inconsistent (see check_layout). Every
+/// function here checks the layout first, so a hand-edited layout is refused, never read past.
 template <class T, class Token, class Index>
 void fill_dense_mask(const packed_layout<Token, Index>& l, span<T> out, T allowed, T blocked) {
   const std::size_t size = dense_mask_size(l);
+  check_layout(l);
   detail::require(out.size() == size, "dense mask: buffer holds ", out.size(), " elements, ",
                   l.n_rows, " x ", l.width, " x ", l.width, " = ", size, " needed");
   const std::size_t w = l.width;
@@ -84,6 +86,7 @@ std::vector<F> additive_mask(const packed_layout<Token, Index>& l) {
 /// Hugging Face's 2D attention_mask: [n_rows][width], 1 on real tokens, 0 on pad slots.
 template <class Token, class Index>
 std::vector<std::uint8_t> attention_mask(const packed_layout<Token, Index>& l) {
+  check_layout(l);
   std::vector<std::uint8_t> m(l.segments.size());
   for (std::size_t s = 0; s < m.size(); ++s) m[s] = l.segments[s] >= 0 ? 1 : 0;
   return m;
@@ -104,6 +107,7 @@ struct varlen_batch {
 
 template <class Token, class Index>
 varlen_batch<Token, Index> make_varlen(const packed_layout<Token, Index>& l) {
+  check_layout(l);
   varlen_batch<Token, Index> v;
   v.cu_seqlens.push_back(0);
   for (std::size_t r = 0; r < l.n_rows; ++r) {
@@ -137,6 +141,7 @@ struct token_batch {
 
 template <class Token, class Index>
 token_batch<Token, Index> make_token_batch(const packed_layout<Token, Index>& l) {
+  check_layout(l);
   token_batch<Token, Index> b;
   const std::size_t n = l.useful_tokens();
   b.token.reserve(n);
