@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cli.hpp"
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
@@ -110,8 +112,9 @@ int demo(int argc, char** argv) {
                         ? ref::attention::dense
                         : ref::attention::segment;
 
-  // The workload.
+  // The workload: lengths first, so its memory is checked before any prompt is built.
   std::vector<std::vector<int>> prompts;
+  std::vector<int> len;
   std::string workload;
   if (a.has("--prompts")) {
     if (a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
@@ -122,19 +125,17 @@ int demo(int argc, char** argv) {
     if (!in) throw cli::usage_error("cannot open '" + file + "'");
     for (auto& rec : prepack::read_records(in, file, "token id", c.vocab)) {
       prompts.emplace_back(rec.values.begin(), rec.values.end());
+      len.push_back(static_cast<int>(rec.values.size()));
     }
     workload = file;
   } else {
     const auto prof = prepack::parse_profile(a.str("--profile", "heavy-cut"));
     const auto n = static_cast<std::size_t>(a.integer("--batch", 64, 1, 100000));
     const int max_len = static_cast<int>(a.integer("--max-len", 512, 8, 65536));
-    prompts =
-        prepack::generate_prompts(prepack::generate_lengths(prof, n, seed, max_len), c.vocab, seed);
+    len = prepack::generate_lengths(prof, n, seed, max_len);
     workload =
         std::string("profile ") + prepack::profile_name(prof) + ", seed " + std::to_string(seed);
   }
-  std::vector<int> len;
-  for (const auto& p : prompts) len.push_back(static_cast<int>(p.size()));
   const int longest = *std::max_element(len.begin(), len.end());
   const long long cap_flag = a.integer("--capacity", 0, 0, 1 << 24);
   if (a.has("--capacity") && cap_flag < longest) {
@@ -143,7 +144,6 @@ int demo(int argc, char** argv) {
   }
   const std::optional<int> capacity =
       cap_flag > 0 ? std::optional<int>(static_cast<int>(cap_flag)) : std::nullopt;
-  const ref::model m(c, seed);
 
   // The plan, for the report (the timed runs plan again: planning is part of the cost).
   const auto plan = prepack::make_plan(
@@ -151,6 +151,29 @@ int demo(int argc, char** argv) {
       capacity);
   const std::size_t useful = plan.useful_tokens();
   const std::size_t padded_slots = len.size() * static_cast<std::size_t>(longest);
+
+  // Refuse a workload that cannot fit, before allocating anything for it: the weights, the
+  // prompts, and the larger of the two prefills with its layout arrays.
+  const auto need = [&](std::size_t rows, std::size_t width, ref::attention p) {
+    return static_cast<double>(ref::estimate_prefill_memory(c, rows, width, len.size(),
+                                                            static_cast<std::size_t>(longest), p,
+                                                            threads)
+                                   .peak_bytes) +
+           3.0 * static_cast<double>(rows * width * sizeof(int));
+  };
+  const double peak_need =
+      ref::weight_bytes(c) + 2.0 * static_cast<double>(useful * sizeof(int)) +
+      std::max(need(len.size(), static_cast<std::size_t>(longest), ref::attention::dense),
+               need(plan.n_rows(), static_cast<std::size_t>(plan.capacity), path));
+  const double machine =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (machine > 0 && peak_need > 0.8 * machine) {
+    throw cli::usage_error("this workload needs about " + mib(static_cast<std::size_t>(peak_need)) +
+                           ", more than 80% of the " + mib(static_cast<std::size_t>(machine)) +
+                           " of memory here; use fewer or shorter prompts or a smaller model");
+  }
+  if (prompts.empty()) prompts = prepack::generate_prompts(len, c.vocab, seed);
+  const ref::model m(c, seed);
 
   const timing padded = run(
       m, prompts, [&] { return prepack::padded(len); }, ref::attention::dense, threads, repeat,

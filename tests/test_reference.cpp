@@ -396,6 +396,19 @@ TEST(Reference, MemoryAccountingFollowsTheBuffers) {
   EXPECT_EQ(rd.memory.mask_bytes, 6u * 100u * 100u * 4u);
   EXPECT_EQ(m.prefill(packed, {ref::attention::segment, 1}).memory.mask_bytes, 0u);
   EXPECT_LT(rp.memory.peak_bytes, rd.memory.peak_bytes);
+  // The estimate from shapes alone is what the prefill then allocates.
+  for (const auto* l : {&packed, &padded}) {
+    for (auto path : {ref::attention::dense, ref::attention::segment}) {
+      const auto est = m.estimate_memory(l->n_rows, l->width, l->n_prompts(), 100, path, 1);
+      const auto got = m.prefill(*l, {path, 1}).memory;
+      EXPECT_EQ(est.peak_bytes, got.peak_bytes);
+      EXPECT_EQ(est.activation_bytes, got.activation_bytes);
+      EXPECT_EQ(est.scratch_bytes, got.scratch_bytes);
+    }
+  }
+  EXPECT_PREPACK_ERROR(
+      m.estimate_memory(std::size_t{1} << 40, std::size_t{1} << 30, 1, 1, ref::attention::dense, 1),
+      "overflows size_t");
   EXPECT_EQ(rp.memory.peak_bytes, rp.memory.kv_bytes + rp.memory.activation_bytes +
                                       rp.memory.mask_bytes + rp.memory.scratch_bytes);
 }

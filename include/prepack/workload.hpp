@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "detail/random.hpp"
 #include "error.hpp"
 
 PREPACK_NAMESPACE_BEGIN
@@ -54,30 +55,6 @@ inline profile parse_profile(const std::string& name) {
   }
   detail::fail("unknown profile '", name, "' (equal, mild, heavy, heavy-cut, one-long)");
 }
-
-namespace detail {
-class splitmix {
- public:
-  explicit splitmix(std::uint64_t seed) : s_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }
-  int between(int lo, int hi) {  // uniform in [lo, hi]
-    return lo + static_cast<int>(next() % static_cast<std::uint64_t>(hi - lo + 1));
-  }
-  double normal() {  // Box-Muller
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-
- private:
-  std::uint64_t s_;
-};
-}  // namespace detail
 
 /// n prompt lengths of profile p. Throws prepack::error for n == 0 or max_len < 8.
 inline std::vector<int> generate_lengths(profile p, std::size_t n, std::uint64_t seed,

@@ -148,7 +148,8 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
 
   detail::thread_scope threads(opt.n_threads);
   const int nt = threads.n();
-  const int hd = c.head_size(), group = c.n_heads / c.n_kv_heads;
+  const Eigen::Index hd = c.head_size();
+  const int group = c.n_heads / c.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const Eigen::Index bn = static_cast<Eigen::Index>(b);
   std::size_t longest = 0;
@@ -180,17 +181,17 @@ inline decode_result greedy_decode(const model& m, std::vector<kv_cache>& caches
         kv_cache& kc = caches[static_cast<std::size_t>(i)];
         const std::size_t pos = kc.length;  // the new token's position
         float* s = scores.data() + static_cast<std::size_t>(detail::thread_id()) * longest;
-        for (int g = 0; g < c.n_kv_heads; ++g) {
+        for (Eigen::Index g = 0; g < c.n_kv_heads; ++g) {
           float* kr = k.row(i).data() + g * hd;
           detail::rope(kr, rope, static_cast<std::int64_t>(pos));
-          std::copy(kr, kr + hd, kc.key(layer, g, pos));
+          std::copy(kr, kr + hd, kc.key(layer, static_cast<int>(g), pos));
           std::copy(v.row(i).data() + g * hd, v.row(i).data() + (g + 1) * hd,
-                    kc.value(layer, g, pos));
+                    kc.value(layer, static_cast<int>(g), pos));
         }
-        for (int head = 0; head < c.n_heads; ++head) {
+        for (Eigen::Index head = 0; head < c.n_heads; ++head) {
           float* qh = q.row(i).data() + head * hd;
           detail::rope(qh, rope, static_cast<std::int64_t>(pos));
-          const int g = head / group;
+          const int g = static_cast<int>(head) / group;
           Eigen::Map<const matrix> keys(kc.key(layer, g, 0), static_cast<Eigen::Index>(pos + 1),
                                         hd);
           Eigen::Map<const matrix> vals(kc.value(layer, g, 0), static_cast<Eigen::Index>(pos + 1),

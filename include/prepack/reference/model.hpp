@@ -30,6 +30,7 @@
 #include <omp.h>
 #endif
 
+#include "../detail/random.hpp"
 #include "../error.hpp"
 #include "../layout.hpp"
 #include "../mask.hpp"
@@ -102,37 +103,19 @@ struct weights {
 
 namespace detail {
 
-// splitmix64: a tiny generator whose output is the same on every platform and library.
-class rng {
- public:
-  explicit rng(std::uint64_t seed) : s_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [-a, a).
-  float uniform(float a) {
-    const double u = static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0);
-    return static_cast<float>((2.0 * u - 1.0) * a);
-  }
-
- private:
-  std::uint64_t s_;
-};
+using rng = prepack::detail::splitmix;
 
 // A matrix of the given shape with entries of standard deviation `std` (uniform distribution).
 inline matrix random_matrix(rng& g, int rows, int cols, double std) {
   matrix m(rows, cols);
   const float a = static_cast<float>(std * std::sqrt(3.0));
-  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = g.uniform(a);
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = g.symmetric(a);
   return m;
 }
 
 inline vector norm_weight(rng& g, int n) {
   vector v(n);
-  for (Eigen::Index i = 0; i < n; ++i) v[i] = 1.0f + g.uniform(0.1f);
+  for (Eigen::Index i = 0; i < n; ++i) v[i] = 1.0f + g.symmetric(0.1f);
   return v;
 }
 
@@ -354,6 +337,37 @@ inline double attention_flops(const attention_task& t, bool causal, int head_dim
   return 4.0 * keys * head_dim;
 }
 
+// What a prefill allocates, by kind (the accounting behind prefill_result::memory and
+// model::estimate_memory): n_slots tokens through every layer, n_outputs rows of logits, a RoPE
+// table of rope_positions, a dense mask of mask_elems floats, and per-thread scores for the
+// longest attention task. Throws prepack::error if a size overflows size_t.
+inline memory_stats prefill_memory(const config& c, std::size_t n_slots, std::size_t n_outputs,
+                                   std::size_t rope_positions, std::size_t mask_elems,
+                                   std::size_t longest_task, int n_threads) {
+  using prepack::detail::add;
+  using prepack::detail::mul;
+  const auto u = [](int v) { return static_cast<std::size_t>(v); };
+  const std::size_t f = sizeof(float);
+  memory_stats m;
+  // K and V of every layer: [n_layers][n_slots][kv_dim] each.
+  m.kv_bytes = mul(mul(mul(2 * u(c.n_layers), n_slots, "KV cache"), u(c.kv_dim()), "KV cache"), f,
+                   "KV cache");
+  // h, x: hidden; q, att: q_dim; gate, up: ffn; per slot. Then the RoPE table and the outputs.
+  const std::size_t per_slot = 2 * u(c.hidden) + 2 * u(c.q_dim()) + 2 * u(c.ffn);
+  std::size_t act = mul(n_slots, per_slot, "activations");
+  act = add(act, mul(rope_positions, 2 * u(c.rotary_dim() / 2), "RoPE table"), "activations");
+  act = add(act, mul(n_outputs, u(c.hidden) + u(c.vocab), "logits"), "activations");
+  m.activation_bytes = mul(act, f, "activations");
+  m.mask_bytes = mul(mask_elems, f, "dense mask");
+  const std::size_t block =
+      std::min<std::size_t>(longest_task, static_cast<std::size_t>(query_block));
+  m.scratch_bytes =
+      mul(mul(mul(u(n_threads), block, "scratch"), longest_task, "scratch"), f, "scratch");
+  m.peak_bytes = add(add(add(m.kv_bytes, m.activation_bytes, "memory"), m.mask_bytes, "memory"),
+                     m.scratch_bytes, "memory");
+  return m;
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -463,6 +477,10 @@ class model {
     return forward(b, n_threads);
   }
 
+  /// What prefill() would allocate: see estimate_prefill_memory.
+  memory_stats estimate_memory(std::size_t n_rows, std::size_t width, std::size_t n_prompts,
+                               std::size_t longest, attention path, int n_threads = 0) const;
+
  private:
   template <class Token, class Index>
   prefill_result forward(detail::batch_view<Token, Index>& b, int n_threads) const;
@@ -470,6 +488,35 @@ class model {
   config cfg_;
   weights w_;
 };
+
+/// What a prefill over n_rows x width slots holding n_prompts prompts (the longest `longest`
+/// tokens) allocates (prefill_result::memory), from shapes alone, without a model: check that a
+/// workload fits before building anything for it. Throws prepack::error if a size overflows
+/// size_t, c is invalid, or n_threads < 0.
+inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows, std::size_t width,
+                                            std::size_t n_prompts, std::size_t longest,
+                                            attention path, int n_threads = 0) {
+  c.validate();
+  const detail::thread_scope threads(n_threads);
+  const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
+  const bool dense = path == attention::dense;
+  return detail::prefill_memory(c, slots, n_prompts, longest,
+                                dense ? prepack::detail::mul(slots, width, "dense mask") : 0,
+                                dense ? width : longest, threads.n());
+}
+
+inline memory_stats model::estimate_memory(std::size_t n_rows, std::size_t width,
+                                           std::size_t n_prompts, std::size_t longest,
+                                           attention path, int n_threads) const {
+  return estimate_prefill_memory(cfg_, n_rows, width, n_prompts, longest, path, n_threads);
+}
+
+/// Bytes of the weights of a model of config c (fp32), computed without allocating them.
+inline double weight_bytes(const config& c) {
+  const double h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn, v = c.vocab;
+  const double per_layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f;
+  return 4.0 * (2 * v * h + h + c.n_layers * per_layer);
+}
 
 template <class Token, class Index>
 prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads) const {
@@ -502,7 +549,6 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
   const Eigen::Index n = static_cast<Eigen::Index>(n_slots);
   const Eigen::Index kv_dim = c.kv_dim(), q_dim = c.q_dim();
   const Eigen::Index n_out = static_cast<Eigen::Index>(b.outputs.size());
-  const std::size_t f = sizeof(float);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   prefill_result r;
@@ -528,20 +574,11 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
                    [](const auto& u, const auto& v) { return u.len > v.len; });
   const Eigen::Index side = b.tasks.empty() ? 0 : b.tasks.front().len;
   const Eigen::Index per_thread = std::min(side, detail::query_block) * side;
-  std::vector<float> scratch(
-      static_cast<std::size_t>(nt) *
-      static_cast<std::size_t>(per_thread));  // [n_threads][query_block][side]
-
-  r.memory.kv_bytes = 2 * per_layer * static_cast<std::size_t>(c.n_layers) * f;
-  r.memory.activation_bytes = (static_cast<std::size_t>(h.size() + x.size() + q.size() +
-                                                        att.size() + gate.size() + up.size()) +
-                               rope.cos.size() + rope.sin.size() +
-                               b.outputs.size() * static_cast<std::size_t>(c.hidden + c.vocab)) *
-                              f;
-  r.memory.mask_bytes = b.mask_bytes;
-  r.memory.scratch_bytes = scratch.size() * f;
-  r.memory.peak_bytes =
-      r.memory.kv_bytes + r.memory.activation_bytes + r.memory.mask_bytes + r.memory.scratch_bytes;
+  std::vector<float> scratch(static_cast<std::size_t>(nt) *
+                             static_cast<std::size_t>(per_thread));  // [n_threads][block][side]
+  r.memory =
+      detail::prefill_memory(c, n_slots, b.outputs.size(), rope.cos.size() / std::max(1, rope.half),
+                             b.mask_bytes / sizeof(float), static_cast<std::size_t>(side), nt);
 
   double t_linear = 0, t_attention = 0;
   for (Eigen::Index s = 0; s < n; ++s)
@@ -567,9 +604,9 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
         continue;
       }
       const auto pos = static_cast<std::int64_t>(b.positions[s]);
-      for (int head = 0; head < c.n_heads; ++head)
+      for (Eigen::Index head = 0; head < c.n_heads; ++head)
         detail::rope(q.row(s).data() + head * hd, rope, pos);
-      for (int head = 0; head < c.n_kv_heads; ++head)
+      for (Eigen::Index head = 0; head < c.n_kv_heads; ++head)
         detail::rope(k.row(s).data() + head * hd, rope, pos);
     }
     const Eigen::Index n_tasks = static_cast<Eigen::Index>(b.tasks.size());
