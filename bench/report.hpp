@@ -30,6 +30,7 @@ struct row {
   double useful_tokens = 0;  // per pass
   double slots = 0;          // slots computed per pass
   double peak_bytes = 0;     // largest single prefill
+  double peak_slots = 0;     // slots of that prefill
   double linear_gflops = 0, gemm_gflops = 0, max_diff = 0;
 };
 
@@ -143,7 +144,7 @@ inline void write(const table& t, const std::string& dir) {
           }
           if (seg->peak_bytes / flat->peak_bytes > worst_mem) {
             worst_mem = seg->peak_bytes / flat->peak_bytes;
-            slots_mem = seg->slots / flat->slots;
+            slots_mem = seg->peak_slots / flat->peak_slots;
             at_mem = w + "/" + std::to_string(b);
           }
         }

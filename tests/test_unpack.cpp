@@ -77,15 +77,15 @@ TYPED_TEST(Unpack, PerPromptBuffersRoundTrip) {
       const auto src_buf = packed_source<T>(f, order);
       const auto src =
           prepack::packed_view(src_buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
-      for (bool head_major : {false, true}) {
+      for (auto corder :
+           {prepack::cache_order::position_head_dim, prepack::cache_order::head_position_dim}) {
         const std::size_t spare = trial % 4;  // capacity beyond the prompt, must stay untouched
         std::vector<std::vector<T>> bufs(l.n_prompts());
         std::vector<prepack::tensor_view<T, 3>> dst;
         for (std::size_t i = 0; i < l.n_prompts(); ++i) {
           const std::size_t cap = static_cast<std::size_t>(l.prompt_length[i]) + spare;
           bufs[i].assign(cap * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
-          dst.push_back(
-              prepack::prompt_view(bufs[i].data(), head_major, cap, f.n_heads, f.head_dim));
+          dst.push_back(prepack::prompt_view(bufs[i].data(), corder, cap, f.n_heads, f.head_dim));
         }
         prepack::unpack_prompts(l, src, dst);
         for (std::size_t i = 0; i < l.n_prompts(); ++i) {
@@ -248,7 +248,8 @@ struct bad_input : ::testing::Test {
   std::vector<prepack::tensor_view<float, 3>> prompt_views(std::size_t cap) {
     std::vector<prepack::tensor_view<float, 3>> v;
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-      v.push_back(prepack::prompt_view(dst_buf.data() + i * 100, true, cap, heads, dim));
+      v.push_back(prepack::prompt_view(dst_buf.data() + i * 100,
+                                       prepack::cache_order::head_position_dim, cap, heads, dim));
     }
     return v;
   }
