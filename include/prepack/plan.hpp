@@ -1,8 +1,9 @@
 // prepack/plan.hpp - bin packing of prompt lengths into rows, and the padding baselines.
 //
 // A plan assigns every prompt a row and an offset inside that row; it holds no tokens.
-// Cost: first_fit_decreasing and best_fit_decreasing run in O(n log n) time and allocate
-// O(n) words; the padding plans are O(n). Every planner is deterministic: prompts of equal
+// Cost: first_fit_decreasing and best_fit_decreasing run in O(n log n) time (the sort is a
+// counting sort, O(n + longest), when the longest prompt is at most 4n) and allocate O(n) words;
+// the padding plans are O(n). Every planner is deterministic: prompts of equal
 // length are placed in order of their original index, and among equally good rows the lowest
 // index wins.
 #pragma once
@@ -88,10 +89,23 @@ Length checked_capacity(span<const Length> length, std::optional<Length> capacit
   return *capacity;
 }
 
-// Prompt ids by decreasing length, ties by increasing id.
+// Prompt ids by decreasing length, ties by increasing id. Lengths are positive (checked). When
+// the longest is at most 4n, a counting sort does it in O(n + longest); else a comparison sort.
 template <class Length>
 std::vector<std::size_t> decreasing_order(span<const Length> length) {
-  std::vector<std::size_t> order(length.size());
+  const std::size_t n = length.size();
+  std::vector<std::size_t> order(n);
+  Length longest = 0;
+  for (Length l : length) longest = std::max(longest, l);
+  if (static_cast<unsigned long long>(longest) <= 4ull * n) {
+    const auto top = static_cast<std::size_t>(longest);
+    std::vector<std::size_t> start(top + 2, 0);  // start[top - l + 1] counts length l
+    for (Length l : length) ++start[top - static_cast<std::size_t>(l) + 1];
+    for (std::size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+    for (std::size_t i = 0; i < n; ++i)
+      order[start[top - static_cast<std::size_t>(length[i])]++] = i;
+    return order;
+  }
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     return length[a] != length[b] ? length[a] > length[b] : a < b;

@@ -562,12 +562,14 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
   r.values.resize(per_layer * static_cast<std::size_t>(c.n_layers));
 
   // Activations, allocated once and reused by every layer.
-  matrix h(n, c.hidden);  // [n_slots][hidden]  residual stream
-  matrix x(n, c.hidden);  // [n_slots][hidden]  normalised input of a block
-  matrix q(n, q_dim);     // [n_slots][n_heads * head_dim]
-  matrix att(n, q_dim);   // [n_slots][n_heads * head_dim]  attention output
-  matrix gate(n, c.ffn);  // [n_slots][ffn]
-  matrix up(n, c.ffn);    // [n_slots][ffn]
+  // Zeroed here so their pages are mapped before the timed GEMMs first write them (the
+  // profile's linear time is then the GEMMs' own).
+  matrix h(n, c.hidden);                 // [n_slots][hidden]  residual stream
+  matrix x = matrix::Zero(n, c.hidden);  // [n_slots][hidden]  normalised input of a block
+  matrix q = matrix::Zero(n, q_dim);     // [n_slots][n_heads * head_dim]
+  matrix att = matrix::Zero(n, q_dim);   // [n_slots][n_heads * head_dim]  attention output
+  matrix gate = matrix::Zero(n, c.ffn);  // [n_slots][ffn]
+  matrix up = matrix::Zero(n, c.ffn);    // [n_slots][ffn]
   const detail::rope_table rope = detail::make_rope_table(c.rotary_dim(), c.rope_theta, top);
   // Longest tasks first, so the dynamic schedule balances the threads.
   std::stable_sort(b.tasks.begin(), b.tasks.end(),
