@@ -123,7 +123,8 @@ TEST(MaskErrors, SizesThatOverflowOrMismatch) {
 
 TEST(MaskErrors, EditedLayoutsAreRefusedNotReadPastTheEnd) {
   const std::vector<int> len{3, 2, 2};
-  const auto good = prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>(7, 1));
+  const auto good =
+      prepack::make_layout(prepack::first_fit_decreasing(len), std::vector<int>(7, 1));
   auto a = good;
   a.segments[0] = 40;  // a prompt id far outside the tables
   EXPECT_PREPACK_ERROR(prepack::make_token_batch(a), "layout: prompt 0: slot 0 holds segment 40");
@@ -139,7 +140,8 @@ TEST(MaskErrors, EditedLayoutsAreRefusedNotReadPastTheEnd) {
   auto e = good;
   e.prompt_length[2] = -1;
   std::vector<float> out(prepack::dense_mask_size(e), 3.0f);
-  EXPECT_PREPACK_ERROR(prepack::fill_dense_mask(e, prepack::span<float>(out), 0.0f, 1.0f), "length -1");
+  EXPECT_PREPACK_ERROR(prepack::fill_dense_mask(e, prepack::span<float>(out), 0.0f, 1.0f),
+                       "length -1");
   EXPECT_EQ(out, std::vector<float>(out.size(), 3.0f));
 }
 

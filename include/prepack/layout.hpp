@@ -243,12 +243,14 @@ void check_layout(const packed_layout<Token, Index>& l) {
                 static_cast<std::size_t>(off) + static_cast<std::size_t>(len) <= l.width,
             "layout: prompt ", i, " (row ", row, ", offset ", off, ", length ", len,
             ") lies outside ", l.n_rows, " rows of width ", l.width);
-    const std::size_t first = static_cast<std::size_t>(row) * l.width + static_cast<std::size_t>(off);
+    const std::size_t first =
+        static_cast<std::size_t>(row) * l.width + static_cast<std::size_t>(off);
     const std::size_t last = first + static_cast<std::size_t>(len) - 1;
-    require(l.last_token[i] >= 0 && static_cast<std::size_t>(l.last_token[i]) == last, "layout: prompt ",
-            i, ": last token ", l.last_token[i], ", expected ", last);
+    require(l.last_token[i] >= 0 && static_cast<std::size_t>(l.last_token[i]) == last,
+            "layout: prompt ", i, ": last token ", l.last_token[i], ", expected ", last);
     for (std::size_t t = 0; t < static_cast<std::size_t>(len); ++t) {
-      require(l.segments[first + t] == static_cast<Index>(i) && l.positions[first + t] == static_cast<Index>(t),
+      require(l.segments[first + t] == static_cast<Index>(i) &&
+                  l.positions[first + t] == static_cast<Index>(t),
               "layout: prompt ", i, ": slot ", first + t, " holds segment ", l.segments[first + t],
               " position ", l.positions[first + t]);
     }
@@ -260,8 +262,8 @@ void check_layout(const packed_layout<Token, Index>& l) {
           useful, " tokens");
   // Row tables: row_begin delimits row_prompts; each row lists its own prompts once, adjacent in
   // slot order, and row_cu_seqlens holds their boundaries.
-  require(l.row_begin.front() == 0 && l.row_begin.back() == n, "layout: row_begin does not delimit ",
-          n, " prompts");
+  require(l.row_begin.front() == 0 && l.row_begin.back() == n,
+          "layout: row_begin does not delimit ", n, " prompts");
   std::vector<unsigned char> seen(n, 0);
   for (std::size_t r = 0; r < l.n_rows; ++r) {
     require(l.row_begin[r] <= l.row_begin[r + 1], "layout: row ", r, ": row_begin decreases");

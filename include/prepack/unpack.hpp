@@ -52,8 +52,8 @@ enum class cache_order {
 
 /// Views one prompt's contiguous cache of `capacity` positions as (position, head, dim).
 template <class T>
-tensor_view<T, 3> prompt_view(T* data, cache_order order, std::size_t capacity,
-                              std::size_t n_heads, std::size_t head_dim) {
+tensor_view<T, 3> prompt_view(T* data, cache_order order, std::size_t capacity, std::size_t n_heads,
+                              std::size_t head_dim) {
   if (order == cache_order::head_position_dim) {
     return {data, {capacity, n_heads, head_dim}, {head_dim, capacity * head_dim, 1}};
   }
@@ -325,8 +325,9 @@ std::vector<std::vector<T>> unpack_contiguous(const packed_layout<Token, Index>&
   std::vector<tensor_view<T, 3>> views(l.n_prompts());
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
     out[i].resize(static_cast<std::size_t>(l.prompt_length[i]) * src.extent[2] * src.extent[3]);
-    views[i] = prompt_view(out[i].data(), cache_order::position_head_dim, static_cast<std::size_t>(l.prompt_length[i]),
-                           src.extent[2], src.extent[3]);
+    views[i] =
+        prompt_view(out[i].data(), cache_order::position_head_dim,
+                    static_cast<std::size_t>(l.prompt_length[i]), src.extent[2], src.extent[3]);
   }
   unpack_prompts(l, src, span<const tensor_view<T, 3>>(views));
   return out;

@@ -64,7 +64,8 @@ struct kv_cache {
            (static_cast<std::size_t>(head) * capacity + pos) * static_cast<std::size_t>(head_dim);
   }
   tensor_view<float, 3> view(std::vector<float>& kv, int layer) {
-    return prompt_view(kv.data() + static_cast<std::size_t>(layer) * per_layer(), cache_order::head_position_dim, capacity,
+    return prompt_view(kv.data() + static_cast<std::size_t>(layer) * per_layer(),
+                       cache_order::head_position_dim, capacity,
                        static_cast<std::size_t>(n_kv_heads), static_cast<std::size_t>(head_dim));
   }
 };
