@@ -11,6 +11,18 @@
 
 #include "prepack/error.hpp"
 
+// Whether this test binary runs under AddressSanitizer (which aborts where new would throw).
+#if defined(__SANITIZE_ADDRESS__)
+#define PREPACK_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define PREPACK_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef PREPACK_TEST_UNDER_ASAN
+#define PREPACK_TEST_UNDER_ASAN 0
+#endif
+
 // Asserts that stmt throws prepack::error whose message contains `needle`.
 #define EXPECT_PREPACK_ERROR(stmt, needle)                                          \
   do {                                                                              \
