@@ -579,7 +579,8 @@ prefill_result model::forward(detail::batch_view<Token, Index>& b, int n_threads
   std::vector<float> scratch(static_cast<std::size_t>(nt) *
                              static_cast<std::size_t>(per_thread));  // [n_threads][block][side]
   r.memory =
-      detail::prefill_memory(c, n_slots, b.outputs.size(), rope.cos.size() / std::max(1, rope.half),
+      detail::prefill_memory(c, n_slots, b.outputs.size(),
+                             rope.cos.size() / static_cast<std::size_t>(std::max(1, rope.half)),
                              b.mask_bytes / sizeof(float), static_cast<std::size_t>(side), nt);
 
   double t_linear = 0, t_attention = 0;
