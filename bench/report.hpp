@@ -41,7 +41,7 @@ struct table {
 
 inline const std::vector<std::string>& methods() {
   static const std::vector<std::string> m{"padding",     "sorted",  "ffd-dense", "ffd-segment",
-                                          "bfd-segment", "dataset", "flat"};
+                                          "bfd-segment", "ffd-fit", "dataset",   "flat"};
   return m;
 }
 
@@ -84,9 +84,9 @@ inline void write(const table& t, const std::string& dir) {
     for (const auto& me : methods()) {
       if (me != "padding") md << ' ' << me << " |";
     }
-    md << " memory padding / ffd-segment |\n|---|---|---|---|";
+    md << " memory padding / ffd-segment | memory padding / ffd-fit |\n|---|---|---|---|";
     for (std::size_t i = 1; i < methods().size(); ++i) md << "---|";
-    md << "---|\n";
+    md << "---|---|\n";
     for (const std::string& w : workloads) {
       for (std::size_t b : batches) {
         const row* pad = get(m, w, "padding", b);
@@ -103,9 +103,12 @@ inline void write(const table& t, const std::string& dir) {
             std::snprintf(buf, sizeof buf, " - |");
           md << buf;
         }
-        const row* seg = get(m, w, "ffd-segment", b);
-        std::snprintf(buf, sizeof buf, " %.2fx |\n", seg ? pad->peak_bytes / seg->peak_bytes : 0.0);
-        md << buf;
+        for (const char* me : {"ffd-segment", "ffd-fit"}) {
+          const row* r = get(m, w, me, b);
+          std::snprintf(buf, sizeof buf, " %.2fx |", r ? pad->peak_bytes / r->peak_bytes : 0.0);
+          md << buf;
+        }
+        md << "\n";
       }
     }
     md << "\n";
@@ -116,72 +119,84 @@ inline void write(const table& t, const std::string& dir) {
   const auto verdict = [&](const std::string& what, const std::string& measured, bool ok) {
     md << "| " << what << " | " << measured << " | " << (ok ? "met" : "**missed**") << " |\n";
   };
+  // Prepacking with segment attention is judged twice: at the paper's row width (ffd-segment)
+  // and with rows widened to a padding budget (ffd-fit).
+  const std::vector<std::string> judged{"ffd-segment", "ffd-fit"};
   for (const std::string& m : models) {
-    for (std::size_t b : {std::size_t{32}}) {
-      const row* pad = get(m, "heavy", "padding", b);
-      const row* seg = get(m, "heavy", "ffd-segment", b);
+    for (const std::string& me : judged) {
+      const row* pad = get(m, "heavy", "padding", 32);
+      const row* seg = get(m, "heavy", me, 32);
       if (!pad || !seg) continue;
       const double speed = pad->seconds / seg->seconds, ratio = pad->slots / pad->useful_tokens;
       std::snprintf(buf, sizeof buf, "speedup %.2fx vs padded ratio %.2fx: %.2f of it", speed,
                     ratio, speed / ratio);
-      verdict(m + ": heavy, batch 32: ffd-segment speedup >= 0.9 x padding's padded-token ratio",
+      verdict(m + ": heavy, batch 32: " + me + " speedup >= 0.9 x padding's padded-token ratio",
               buf, speed >= 0.9 * ratio);
     }
-    double worst_flat = 0, worst_mem = 0, worst_equal = 0, worst_linear = 1e9;
-    double slots_flat = 0,
-           slots_mem = 0;  // ffd-segment slots / flat slots where the worst was seen
-    std::string at_flat, at_mem, at_equal, at_linear;
-    for (const std::string& w : workloads) {
-      for (std::size_t b : batches) {
-        const row* seg = get(m, w, "ffd-segment", b);
-        const row* flat = get(m, w, "flat", b);
-        const row* pad = get(m, w, "padding", b);
-        if (seg && flat) {
-          if (seg->seconds / flat->seconds > worst_flat) {
-            worst_flat = seg->seconds / flat->seconds;
-            slots_flat = seg->slots / flat->slots;
-            at_flat = w + "/" + std::to_string(b);
+    for (const std::string& me : judged) {
+      double worst_flat = 0, worst_mem = 0, worst_equal = 0;
+      double slots_flat = 0, slots_mem = 0;  // this method's slots / flat's where the worst was
+      std::string at_flat, at_mem, at_equal;
+      for (const std::string& w : workloads) {
+        for (std::size_t b : batches) {
+          const row* seg = get(m, w, me, b);
+          const row* flat = get(m, w, "flat", b);
+          const row* pad = get(m, w, "padding", b);
+          if (seg && flat) {
+            if (seg->seconds / flat->seconds > worst_flat) {
+              worst_flat = seg->seconds / flat->seconds;
+              slots_flat = seg->slots / flat->slots;
+              at_flat = w + "/" + std::to_string(b);
+            }
+            if (seg->peak_bytes / flat->peak_bytes > worst_mem) {
+              worst_mem = seg->peak_bytes / flat->peak_bytes;
+              slots_mem = seg->peak_slots / flat->peak_slots;
+              at_mem = w + "/" + std::to_string(b);
+            }
           }
-          if (seg->peak_bytes / flat->peak_bytes > worst_mem) {
-            worst_mem = seg->peak_bytes / flat->peak_bytes;
-            slots_mem = seg->peak_slots / flat->peak_slots;
-            at_mem = w + "/" + std::to_string(b);
-          }
-        }
-        if (w == "equal" && seg && pad && seg->seconds / pad->seconds > worst_equal) {
-          worst_equal = seg->seconds / pad->seconds;
-          at_equal = std::to_string(b);
-        }
-        for (const auto& me : methods()) {
-          const row* r = get(m, w, me, b);
-          if (r && r->linear_gflops / r->gemm_gflops < worst_linear) {
-            worst_linear = r->linear_gflops / r->gemm_gflops;
-            at_linear = w + "/" + me + "/" + std::to_string(b);
+          if (w == "equal" && seg && pad && seg->seconds / pad->seconds > worst_equal) {
+            worst_equal = seg->seconds / pad->seconds;
+            at_equal = std::to_string(b);
           }
         }
       }
+      std::snprintf(buf, sizeof buf, "worst %.3fx (%s); its slots are %.3fx flat's", worst_flat,
+                    at_flat.c_str(), slots_flat);
+      verdict(m + ": " + me + " time within 1.10x of flat, every workload and batch", buf,
+              worst_flat <= 1.10);
+      std::snprintf(buf, sizeof buf, "worst %.3fx (%s); its slots are %.3fx flat's", worst_mem,
+                    at_mem.c_str(), slots_mem);
+      verdict(m + ": " + me + " peak memory within 1.15x of flat", buf, worst_mem <= 1.15);
+      std::snprintf(buf, sizeof buf, "worst %.3fx (batch %s)", worst_equal, at_equal.c_str());
+      verdict(m + ": equal lengths: " + me + " at most 3% slower than padding", buf,
+              worst_equal <= 1.03);
     }
-    // Rows are as wide as the longest prompt, so a row-based plan computes more slots than the
-    // flat limit whenever prompts cannot fill rows; the slot ratio says how much of a gap that
-    // alone explains.
-    std::snprintf(buf, sizeof buf, "worst %.3fx (%s); its slots are %.3fx flat's", worst_flat,
-                  at_flat.c_str(), slots_flat);
-    verdict(m + ": ffd-segment time within 1.10x of flat, every workload and batch", buf,
-            worst_flat <= 1.10);
-    std::snprintf(buf, sizeof buf, "worst %.3fx (batch %s)", worst_equal, at_equal.c_str());
-    verdict(m + ": equal lengths: ffd-segment at most 3% slower than padding", buf,
-            worst_equal <= 1.03);
-    std::snprintf(buf, sizeof buf, "worst %.2f (%s)", worst_linear, at_linear.c_str());
+    double worst_linear = 1e9;
+    std::vector<double> linear;
+    std::string at_linear;
+    for (const auto& [k, r] : by) {
+      if (k.model != m || r.gemm_gflops <= 0) continue;
+      const double ratio = r.linear_gflops / r.gemm_gflops;
+      linear.push_back(ratio);
+      if (ratio < worst_linear) {
+        worst_linear = ratio;
+        at_linear = k.workload + "/" + k.method + "/" + std::to_string(k.batch);
+      }
+    }
+    std::sort(linear.begin(), linear.end());
+    const double median = linear.empty() ? 0 : linear[linear.size() / 2];
+    std::snprintf(buf, sizeof buf, "worst %.2f (%s), median %.2f of %zu points", worst_linear,
+                  at_linear.c_str(), median, linear.size());
     verdict(m + ": linear layers >= 80% of raw Eigen GEMMs of the same shapes", buf,
             worst_linear >= 0.8);
-    std::snprintf(buf, sizeof buf, "worst %.3fx (%s); its slots are %.3fx flat's", worst_mem,
-                  at_mem.c_str(), slots_mem);
-    verdict(m + ": ffd-segment peak memory within 1.15x of flat", buf, worst_mem <= 1.15);
   }
-  md << "\nSlots are what a row-based plan computes: n_rows x the longest prompt. Where a batch "
-        "cannot fill its rows (one long prompt and a few short ones; lengths all above half the "
-        "longest), prepacking computes and holds those pad slots and the flat limit does not; a "
-        "time or memory ratio close to the slot ratio is that, not overhead.\n\n";
+  md << "\nSlots are what a row-based plan computes: n_rows x the row width. ffd-segment's rows "
+        "are as wide as the batch's longest prompt (the paper's plan): where a batch cannot fill "
+        "them (one long prompt and a few short ones; lengths all above half the longest) it "
+        "computes and holds pad slots that the flat limit does not, and a time or memory ratio "
+        "close to the slot ratio is that, not overhead. ffd-fit widens the rows until pad slots "
+        "are at most 5% of the tokens (prepack::fitted_plan), which segment attention does not "
+        "pay for.\n\n";
 
   // Chart data: one file per (model, workload), a column per method.
   std::ofstream gp(dir + "/plots.gp");

@@ -9,9 +9,11 @@ function(prepack_own_target target)
   if(PREPACK_NATIVE AND PREPACK_HAS_MARCH_NATIVE)
     target_compile_options(${target} PRIVATE -march=native)
     # GCC 12's AVX-512 intrinsics headers trip -Wmaybe-uninitialized when Eigen inlines them
-    # (GCC bug 105593, a false positive inside the compiler's own header).
+    # (GCC bug 105593, a false positive inside the compiler's own header): silenced only for
+    # targets that use Eigen through prepack::reference, known once their links are.
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12)
-      target_compile_options(${target} PRIVATE -Wno-maybe-uninitialized)
+      target_compile_options(${target} PRIVATE
+        $<$<IN_LIST:prepack::reference,$<TARGET_PROPERTY:LINK_LIBRARIES>>:-Wno-maybe-uninitialized>)
     endif()
   endif()
   if(MSVC)

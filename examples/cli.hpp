@@ -4,12 +4,16 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "prepack/error.hpp"
 
 namespace cli {
 
@@ -97,5 +101,22 @@ class args {
  private:
   std::map<std::string, std::string> values_;
 };
+
+/// Runs a binary's body and turns the mistakes a user can make into one line on stderr and exit
+/// code 2: a bad flag (usage_error), bad input (prepack::error), a workload too big for memory.
+/// Anything else is a bug and propagates.
+template <class Body>
+int guarded_main(const char* program, Body&& body) {
+  try {
+    return body();
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  } catch (const prepack::error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: out of memory for this workload\n", program);
+  }
+  return 2;
+}
 
 }  // namespace cli

@@ -276,14 +276,5 @@ int demo(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return demo(argc, argv);
-  } catch (const cli::usage_error& e) {
-    std::fprintf(stderr, "prepack_demo: %s\n", e.what());
-  } catch (const prepack::error& e) {
-    std::fprintf(stderr, "prepack_demo: %s\n", e.what());
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "prepack_demo: out of memory for this workload and model\n");
-  }
-  return 2;
+  return cli::guarded_main("prepack_demo", [&] { return demo(argc, argv); });
 }

@@ -21,7 +21,10 @@ const char* kHelp = R"(prepack_plan - plan prompt lengths into packed rows
 
   --lengths FILE        prompt lengths, separated by spaces, commas or newlines ('#' comments);
                         '-' or absent: standard input
-  --capacity N          tokens per row (default: the longest prompt)
+  --capacity N          tokens per row (default: the longest prompt); with --max-pad, the
+                        widest row allowed
+  --max-pad F           widen rows past the longest prompt until pad slots are at most
+                        F x the tokens (0.05: 5%), as narrow as that allows (fitted_plan)
   --packer ffd|bfd|both which planner(s) to run (default both)
   --format summary|json|csv
                         summary (default): totals per planner; json: totals and every row;
@@ -35,7 +38,8 @@ struct named_plan {
 };
 
 int run(int argc, char** argv) {
-  const cli::args a(argc, argv, {"--lengths", "--capacity", "--packer", "--format"}, {"--help"});
+  const cli::args a(argc, argv, {"--lengths", "--capacity", "--packer", "--format", "--max-pad"},
+                    {"--help"});
   if (a.has("--help")) {
     std::cout << kHelp;
     return 0;
@@ -64,9 +68,16 @@ int run(int argc, char** argv) {
   }
   const std::optional<long long> capacity =
       a.has("--capacity") ? std::optional<long long>(cap) : std::nullopt;
+  const auto plan = [&](prepack::packer kind) {
+    if (!a.has("--max-pad")) return prepack::make_plan(kind, len, capacity);
+    prepack::fit_options fit;
+    fit.max_pad = a.real("--max-pad", 0.05, 0.0, 1e9);
+    if (capacity) fit.max_capacity = static_cast<unsigned long long>(*capacity);
+    return prepack::fitted_plan(kind, len, fit);
+  };
   std::vector<named_plan> plans;
-  if (which != "bfd") plans.push_back({"ffd", prepack::first_fit_decreasing(len, capacity)});
-  if (which != "ffd") plans.push_back({"bfd", prepack::best_fit_decreasing(len, capacity)});
+  if (which != "bfd") plans.push_back({"ffd", plan(prepack::packer::first_fit_decreasing)});
+  if (which != "ffd") plans.push_back({"bfd", plan(prepack::packer::best_fit_decreasing)});
 
   long long longest = 0;
   for (long long v : len) longest = std::max(longest, v);
@@ -125,14 +136,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const cli::usage_error& e) {
-    std::fprintf(stderr, "prepack_plan: %s\n", e.what());
-  } catch (const prepack::error& e) {
-    std::fprintf(stderr, "prepack_plan: %s\n", e.what());
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "prepack_plan: out of memory\n");
-  }
-  return 2;
+  return cli::guarded_main("prepack_plan", [&] { return run(argc, argv); });
 }

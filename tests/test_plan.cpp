@@ -330,6 +330,106 @@ TYPED_TEST(PlanLengthTypes, PlansAreValidAtTheTypesLimits) {
   }
 }
 
+// fitted_plan against the definitions: a valid plan that is exactly the naive packing at the
+// width it picked, within the padding budget, the longest prompt's width whenever that meets
+// the budget, and one slot narrower missing the budget (the bisection's guarantee).
+TEST(FittedPlan, MeetsThePadBudgetAtALocallyNarrowestWidth) {
+  std::mt19937_64 rng(11);
+  int widened = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const std::size_t n = 1 + rng() % 64;
+    std::vector<int> len;
+    switch (trial % 3) {
+      case 0:  // uniform
+        len = test::random_lengths(rng, n, 1, 300);
+        break;
+      case 1:  // mildly varied: every pair overflows the longest, so the paper's rows pad
+        len = test::random_lengths(rng, n, 160, 300);
+        break;
+      default:  // one long prompt and short ones
+        len = test::random_lengths(rng, n, 1, 20);
+        len[rng() % n] = 300;
+        break;
+    }
+    const int longest = *std::max_element(len.begin(), len.end());
+    const long long total = std::accumulate(len.begin(), len.end(), 0ll);
+    for (double max_pad : {0.0, 0.02, 0.05, 0.25}) {
+      for (bool best : {false, true}) {
+        const auto kind =
+            best ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing;
+        const auto p = prepack::fitted_plan(kind, len, {max_pad, std::nullopt});
+        const std::string where = "trial " + std::to_string(trial) + " max_pad " +
+                                  std::to_string(max_pad) + (best ? " bfd" : " ffd");
+        ASSERT_GE(p.capacity, longest) << where;
+        ASSERT_LE(p.capacity, total) << where;
+        expect_valid_plan(len, p, p.capacity);
+        const naive_result ref = naive_fit_decreasing(len, p.capacity, best);
+        ASSERT_EQ(p.n_rows(), ref.n_rows) << where;
+        for (std::size_t i = 0; i < n; ++i) {
+          ASSERT_EQ(p.row[i], ref.row[i]) << where << " prompt " << i;
+          ASSERT_EQ(p.offset[i], ref.offset[i]) << where << " prompt " << i;
+        }
+        const auto within = [&](std::size_t rows, int cap) {
+          return static_cast<double>(rows) * cap <= static_cast<double>(total) * (1 + max_pad);
+        };
+        ASSERT_TRUE(within(ref.n_rows, p.capacity)) << where << ": " << ref.n_rows << " rows of "
+                                                    << p.capacity << " for " << total << " tokens";
+        if (within(naive_fit_decreasing(len, longest, best).n_rows, longest)) {
+          ASSERT_EQ(p.capacity, longest) << where;
+        } else {
+          ++widened;
+          const int narrower = p.capacity - 1;
+          ASSERT_FALSE(within(naive_fit_decreasing(len, narrower, best).n_rows, narrower))
+              << where << ": width " << narrower << " also meets the budget";
+        }
+        if (max_pad == 0.0) {
+          ASSERT_EQ(static_cast<long long>(p.slots()), total) << where;
+        }
+      }
+    }
+  }
+  EXPECT_GT(widened, 1000);  // the instances exercise the search, not only the paper's width
+}
+
+TEST(FittedPlan, MaxCapacityBoundsTheWidth) {
+  const std::vector<int> len{10, 6, 6, 6};
+  // No width up to 12 removes every pad slot: 10 gives 4 rows (40 slots), 12 gives 3 (36).
+  const auto p = prepack::fitted_plan(prepack::packer::first_fit_decreasing, len, {0.0, 12});
+  expect_valid_plan(len, p, 12);
+  EXPECT_EQ(p.n_rows(), 3u);
+  // A budget reachable under the bound: 40% padding (39.2 slots) is missed at widths 10 and 11
+  // (4 rows) and met at 12 (3 rows, 36 slots) and 13 (39 slots); the narrower wins.
+  const auto q = prepack::fitted_plan(prepack::packer::first_fit_decreasing, len, {0.4, 13});
+  EXPECT_EQ(q.capacity, 12);
+  EXPECT_EQ(q.n_rows(), 3u);
+  // Unbounded, a budget of 0 puts everything in one row of the total.
+  const auto r = prepack::fitted_plan(prepack::packer::best_fit_decreasing, len, {0.0, {}});
+  EXPECT_EQ(r.capacity, 28);
+  EXPECT_EQ(r.n_rows(), 1u);
+}
+
+TEST(FittedPlan, WidthStopsAtTheLengthTypesMaximum) {
+  const std::vector<std::int8_t> len{100, 100, 27};  // 227 tokens do not fit one int8 row
+  const auto p = prepack::fitted_plan(prepack::packer::first_fit_decreasing, len, {0.0, {}});
+  EXPECT_EQ(p.capacity, 127);
+  expect_valid_plan(len, p, std::int8_t{127});
+  EXPECT_EQ(p.n_rows(), 2u);  // 100 + 27 | 100: fewer slots (254) than the paper's 300
+}
+
+TEST(FittedPlan, Errors) {
+  const auto ffd = prepack::packer::first_fit_decreasing;
+  EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{}), "empty batch");
+  EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4, 0}), "prompt 1: length 0");
+  EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4}, {-0.5, {}}),
+                       "max_pad -0.5 (must be a number >= 0)");
+  EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4},
+                                            {std::numeric_limits<double>::quiet_NaN(), {}}),
+                       "max_pad nan");
+  EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4, 9}, {0.1, 5}),
+                       "prompt 1: length 9 exceeds max capacity 5");
+  EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4}, {0.1, 0}), "max capacity 0");
+}
+
 TEST(PlanErrors, NameTheOffendingPromptAndValue) {
   EXPECT_PREPACK_ERROR(prepack::first_fit_decreasing(std::vector<int>{}), "empty batch");
   EXPECT_PREPACK_ERROR(prepack::first_fit_decreasing(std::vector<int>{3, 4, 5, 6, 7, 8, 9, 0}),

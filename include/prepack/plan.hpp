@@ -3,13 +3,15 @@
 // A plan assigns every prompt a row and an offset inside that row; it holds no tokens.
 // Cost: first_fit_decreasing and best_fit_decreasing run in O(n log n) time (the sort is a
 // counting sort, O(n + longest), when the longest prompt is at most 4n) and allocate O(n) words;
-// the padding plans are O(n). Every planner is deterministic: prompts of equal
+// the padding plans are O(n); fitted_plan widens the rows to a padding budget with
+// O(log(width range)) packings. Every planner is deterministic: prompts of equal
 // length are placed in order of their original index, and among equally good rows the lowest
 // index wins.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -50,6 +52,9 @@ struct pack_plan {
   /// Slots a prefill over this plan computes: n_rows * capacity.
   std::size_t slots() const noexcept { return n_rows() * static_cast<std::size_t>(capacity); }
 };
+
+/// The planners by name, for code that chooses one at run time.
+enum class packer { first_fit_decreasing, best_fit_decreasing };
 
 /// Which side of a padded row the pad slots go.
 enum class padding_side { left, right };
@@ -166,6 +171,64 @@ pack_plan<Length> start_plan(span<const Length> length, Length capacity) {
   return p;
 }
 
+// First-fit-decreasing over prompts given in decreasing order, into rows of `cap` (>= every
+// length, checked by the caller).
+template <class Length>
+pack_plan<Length> ffd_sorted(span<const Length> length, const std::vector<std::size_t>& order,
+                             Length cap) {
+  pack_plan<Length> p = start_plan(length, cap);
+  first_fit_tree<Length> tree(length.size(), cap);
+  std::size_t n_rows = 0;
+  for (std::size_t i : order) {
+    const std::size_t r = tree.find(length[i]);
+    const Length free = tree.free(r);
+    p.row[i] = r;
+    p.offset[i] = static_cast<Length>(cap - free);
+    tree.set(r, static_cast<Length>(free - length[i]));
+    n_rows = std::max(n_rows, r + 1);
+  }
+  p.fill.resize(n_rows);
+  for (std::size_t r = 0; r < n_rows; ++r) p.fill[r] = static_cast<Length>(cap - tree.free(r));
+  finish_plan(p, order);
+  return p;
+}
+
+// Best-fit-decreasing, same contract as ffd_sorted.
+template <class Length>
+pack_plan<Length> bfd_sorted(span<const Length> length, const std::vector<std::size_t>& order,
+                             Length cap) {
+  pack_plan<Length> p = start_plan(length, cap);
+  std::set<std::pair<Length, std::size_t>> open;  // (free slots, row) of rows with room
+  for (std::size_t i : order) {
+    auto it = open.lower_bound({length[i], std::size_t{0}});
+    std::size_t r;
+    Length free;
+    if (it == open.end()) {
+      r = p.fill.size();
+      free = cap;
+      p.fill.push_back(Length{0});
+    } else {
+      r = it->second;
+      free = it->first;
+      open.erase(it);
+    }
+    p.row[i] = r;
+    p.offset[i] = p.fill[r];
+    p.fill[r] = static_cast<Length>(p.fill[r] + length[i]);
+    const Length left = static_cast<Length>(free - length[i]);
+    if (left > 0) open.emplace(left, r);
+  }
+  finish_plan(p, order);
+  return p;
+}
+
+template <class Length>
+pack_plan<Length> pack_sorted(packer kind, span<const Length> length,
+                              const std::vector<std::size_t>& order, Length cap) {
+  return kind == packer::best_fit_decreasing ? bfd_sorted(length, order, cap)
+                                             : ffd_sorted(length, order, cap);
+}
+
 template <class Range, class Proj>
 auto project_lengths(const Range& items, Proj proj) {
   using std::begin;
@@ -187,22 +250,8 @@ template <class Length>
 pack_plan<Length> first_fit_decreasing(
     span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const Length cap = detail::checked_capacity(length, capacity);
-  pack_plan<Length> p = detail::start_plan(length, cap);
-  const std::vector<std::size_t> order = detail::decreasing_order(length);
-  detail::first_fit_tree<Length> tree(length.size(), cap);
-  std::size_t n_rows = 0;
-  for (std::size_t i : order) {
-    const std::size_t r = tree.find(length[i]);
-    const Length free = tree.free(r);
-    p.row[i] = r;
-    p.offset[i] = static_cast<Length>(cap - free);
-    tree.set(r, static_cast<Length>(free - length[i]));
-    n_rows = std::max(n_rows, r + 1);
-  }
-  p.fill.resize(n_rows);
-  for (std::size_t r = 0; r < n_rows; ++r) p.fill[r] = static_cast<Length>(cap - tree.free(r));
-  detail::finish_plan(p, order);
-  return p;
+  return detail::pack_sorted(packer::first_fit_decreasing, length, detail::decreasing_order(length),
+                             cap);
 }
 
 /// Packs prompts into rows best-fit-decreasing: longest prompt first, each into the row it
@@ -212,30 +261,8 @@ template <class Length>
 pack_plan<Length> best_fit_decreasing(
     span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const Length cap = detail::checked_capacity(length, capacity);
-  pack_plan<Length> p = detail::start_plan(length, cap);
-  const std::vector<std::size_t> order = detail::decreasing_order(length);
-  std::set<std::pair<Length, std::size_t>> open;  // (free slots, row) of rows with room
-  for (std::size_t i : order) {
-    auto it = open.lower_bound({length[i], std::size_t{0}});
-    std::size_t r;
-    Length free;
-    if (it == open.end()) {
-      r = p.fill.size();
-      free = cap;
-      p.fill.push_back(Length{0});
-    } else {
-      r = it->second;
-      free = it->first;
-      open.erase(it);
-    }
-    p.row[i] = r;
-    p.offset[i] = p.fill[r];
-    p.fill[r] = static_cast<Length>(p.fill[r] + length[i]);
-    const Length left = static_cast<Length>(free - length[i]);
-    if (left > 0) open.emplace(left, r);
-  }
-  detail::finish_plan(p, order);
-  return p;
+  return detail::pack_sorted(packer::best_fit_decreasing, length, detail::decreasing_order(length),
+                             cap);
 }
 
 /// The padding baseline as a plan: prompt i alone in row i, its pad slots on `side` (left as
@@ -275,9 +302,6 @@ pack_plan<Length> padded(const std::vector<Length>& length, padding_side side = 
   return padded(span<const Length>(length), side, capacity);
 }
 
-/// The planners by name, for code that chooses one at run time.
-enum class packer { first_fit_decreasing, best_fit_decreasing };
-
 template <class Length>
 pack_plan<Length> make_plan(packer kind, span<const Length> length,
                             std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
@@ -302,6 +326,103 @@ pack_plan<Length> make_plan(packer kind, const Range& items, Proj size_of,
                             std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const std::vector<Length> length = detail::project_lengths(items, size_of);
   return make_plan<Length>(kind, span<const Length>(length), capacity);
+}
+
+/// How fitted_plan chooses the row width.
+struct fit_options {
+  /// Pad slots allowed, as a fraction of the useful tokens (0.05: at most 5% more slots than
+  /// tokens). 0 asks for rows with no pad slot at all.
+  double max_pad = 0.05;
+  /// The widest row allowed (an engine's per-row token budget). Default: every prompt in one row.
+  std::optional<unsigned long long> max_capacity;
+};
+
+/// Packs prompts with `kind` into rows as narrow as possible while leaving at most
+/// opt.max_pad * useful_tokens pad slots: the paper's rows (capacity = the longest prompt) when
+/// they already meet that budget, else rows widened until the short prompts fill them.
+///
+/// Rows as wide as the longest prompt waste slots whenever the prompts cannot fill them (lengths
+/// all above half the longest; one long prompt and a few short ones). Kernels whose attention
+/// stays inside each prompt (varlen, segment) pay for a row's width only in its pad slots, so a
+/// wider row is free and the pad slots are not; kernels with a dense mask pay n_rows * width^2
+/// for attention, so the narrowest width that meets the budget is the one to take for both.
+///
+/// The width is searched on "the plan meets the budget": doubling from the longest prompt until
+/// a width meets it, then bisection between the last width that missed and that one. A packer's
+/// padding is not monotone in the width, so the result is the narrowest in the sense that one
+/// slot narrower misses the budget, not necessarily the global narrowest. When no width up to
+/// max_capacity (default: the sum of the lengths) meets the budget, the plan with the fewest
+/// slots among the widths tried.
+/// Cost: one sort, then O(log(width / longest)) packings of O(n log n) each.
+/// Throws prepack::error for what first_fit_decreasing refuses, for max_pad negative or not a
+/// number, and for a prompt longer than max_capacity.
+template <class Length>
+pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_options opt = {}) {
+  const Length longest = detail::checked_capacity(length, std::optional<Length>{});
+  detail::require(opt.max_pad >= 0, "max_pad ", opt.max_pad, " (must be a number >= 0)");
+  unsigned long long total = 0;  // the useful tokens; saturates, which only caps the width
+  for (Length l : length) {
+    const auto v = static_cast<unsigned long long>(l);
+    total = total > ~0ull - v ? ~0ull : total + v;
+  }
+  unsigned long long widest = std::min<unsigned long long>(
+      total, static_cast<unsigned long long>(std::numeric_limits<Length>::max()));
+  if (opt.max_capacity) {
+    detail::require(*opt.max_capacity > 0, "max capacity ", *opt.max_capacity);
+    for (std::size_t i = 0; i < length.size(); ++i) {
+      detail::require(static_cast<unsigned long long>(length[i]) <= *opt.max_capacity, "prompt ", i,
+                      ": length ", length[i], " exceeds max capacity ", *opt.max_capacity);
+    }
+    widest = std::min(widest, *opt.max_capacity);
+  }
+  const long double allowed =
+      static_cast<long double>(total) * (1.0L + static_cast<long double>(opt.max_pad));
+  const auto meets = [&](const pack_plan<Length>& p) {
+    return static_cast<long double>(p.n_rows()) * static_cast<long double>(p.capacity) <= allowed;
+  };
+  const std::vector<std::size_t> order = detail::decreasing_order(length);
+  const auto pack = [&](unsigned long long cap) {
+    return detail::pack_sorted(kind, length, order, static_cast<Length>(cap));
+  };
+  const auto slots = [](const pack_plan<Length>& p) {
+    return static_cast<long double>(p.n_rows()) * static_cast<long double>(p.capacity);
+  };
+  // Doubling from the longest prompt finds a width that meets the budget (`hi`) above one that
+  // misses it (`lo`); bisection then narrows the gap to one slot.
+  unsigned long long lo = static_cast<unsigned long long>(longest);
+  pack_plan<Length> fewest = pack(lo);  // the fewest slots seen, for a budget out of reach
+  if (meets(fewest)) return fewest;
+  std::optional<pack_plan<Length>> best;
+  unsigned long long hi = lo;
+  while (!best && hi < widest) {
+    hi = hi > widest / 2 ? widest : 2 * hi;
+    pack_plan<Length> p = pack(hi);
+    if (meets(p)) {
+      best = std::move(p);
+    } else {
+      lo = hi;
+      if (slots(p) < slots(fewest)) fewest = std::move(p);
+    }
+  }
+  if (!best) return fewest;
+  // Invariant: width `lo` misses the budget, width `hi` (planned in `best`) meets it.
+  while (hi - lo > 1) {
+    const unsigned long long mid = lo + (hi - lo) / 2;
+    pack_plan<Length> p = pack(mid);
+    if (meets(p)) {
+      hi = mid;
+      best = std::move(p);
+    } else {
+      lo = mid;
+    }
+  }
+  return std::move(*best);
+}
+
+template <class Length>
+pack_plan<Length> fitted_plan(packer kind, const std::vector<Length>& length,
+                              fit_options opt = {}) {
+  return fitted_plan(kind, span<const Length>(length), opt);
 }
 
 /// One batch of rows cut from a larger plan: a plan of its own over the prompts of those rows
