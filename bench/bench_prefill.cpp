@@ -24,7 +24,8 @@
 //   --max_len=N         workload length scale (default 512)
 // Counters: batches, s_per_batch, useful_tok_per_s, padded_ratio (slots / useful tokens),
 // speedup (padding's time / this method's, same run), peak_MiB (largest prefill), linear_GFLOPs
-// and gemm_GFLOPs (raw Eigen GEMMs of the same shapes, same run), max_diff (logits vs alone).
+// and gemm_GFLOPs (raw Eigen GEMMs of the same shapes and weights, same run), max_diff (logits
+// vs alone).
 // Exit code 1 when any method's logits differ from prefilling each prompt alone (> 1e-3).
 #include <benchmark/benchmark.h>
 
@@ -121,9 +122,10 @@ struct batch_job {
 struct totals {
   double useful = 0, slots = 0, linear_flops = 0, linear_seconds = 0;
   std::size_t peak_bytes = 0, n_batches = 0;
-  double peak_slots = 0;                 // slots of the prefill with the peak memory
-  std::vector<std::size_t> batch_slots;  // [n_batches] slots of each prefill
-  double max_logit_diff = 0;             // against prefilling each prompt alone
+  double peak_slots = 0;                   // slots of the prefill with the peak memory
+  std::vector<std::size_t> batch_slots;    // [n_batches] slots of each prefill
+  std::vector<std::size_t> batch_outputs;  // [n_batches] prompts (last-token logits) of each
+  double max_logit_diff = 0;               // against prefilling each prompt alone
 };
 
 // Prefills the dataset with one method; the timed region of the benchmark.
@@ -199,6 +201,7 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
       t.peak_slots = static_cast<double>(plan.slots());
     }
     t.batch_slots.push_back(plan.slots());
+    t.batch_outputs.push_back(plan.n_prompts());
     ++t.n_batches;
     if (check != nullptr) {
       for (std::size_t k = 0; k < job.ids.size(); ++k) {
@@ -213,43 +216,55 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
   return t;
 }
 
-// GFLOP/s of raw Eigen GEMMs of one layer's linear shapes (Q, K, V, O, gate, up, down) for
-// the slot count of every prefill of the run, in the same threads: the yardstick the kernel's
-// linear layers are held to. Each shape is timed best of three; the rate is total FLOPs over
-// total time, so small and large batches weigh as they do in the run.
-double gemm_gflops(const ref::config& c, const std::vector<std::size_t>& batch_slots) {
+// GFLOP/s of raw Eigen GEMMs with the shapes and the weights of every prefill of the run: for
+// each layer, Q, K, V, O, gate, up and down over the prefill's slots with that layer's own
+// weight matrices, then the LM head over its last tokens - the kernel's linear layers in the
+// kernel's order, with nothing between them. The kernel's linear time is held to this: what is
+// lost to the attention, norms and bookkeeping around its GEMMs. Each distinct prefill shape is
+// timed three times, the median taken; the rate is total FLOPs over total time, so small and
+// large prefills weigh as they do in the run.
+double gemm_gflops(const ref::model& m, const std::vector<std::size_t>& batch_slots,
+                   const std::vector<std::size_t>& batch_outputs) {
+  const ref::config& c = m.cfg();
+  const ref::weights& w = m.params();
   const Eigen::Index h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
-  ref::matrix wq = ref::matrix::Random(h, q), wk = ref::matrix::Random(h, kv),
-              wo = ref::matrix::Random(q, h), wg = ref::matrix::Random(h, f),
-              wd = ref::matrix::Random(f, h);
-  std::map<std::size_t, double> best;  // slots -> seconds
-  for (std::size_t slots : batch_slots) {
-    if (best.count(slots) != 0) continue;
-    const auto rows = static_cast<Eigen::Index>(slots);
+  std::map<std::pair<std::size_t, std::size_t>, double> median;  // (slots, outputs) -> seconds
+  for (std::size_t b = 0; b < batch_slots.size(); ++b) {
+    const auto shape = std::make_pair(batch_slots[b], batch_outputs[b]);
+    if (median.count(shape) != 0) continue;
+    const auto rows = static_cast<Eigen::Index>(shape.first);
+    const auto outs = static_cast<Eigen::Index>(shape.second);
     ref::matrix x = ref::matrix::Random(rows, h), a = ref::matrix::Random(rows, q),
-                g = ref::matrix::Random(rows, f);
-    ref::matrix oq(rows, q), ok(rows, kv), oh(rows, h), of(rows, f);
-    double fastest = 1e30;
+                g = ref::matrix::Random(rows, f), last = ref::matrix::Random(outs, h);
+    ref::matrix oq(rows, q), ok(rows, kv), ov(rows, kv),
+        oh = ref::matrix::Zero(rows, h), og(rows, f), ou(rows, f), logits(outs, c.vocab);
+    std::vector<double> times;
     for (int k = 0; k < 3; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
-      oq.noalias() = x * wq;
-      ok.noalias() = x * wk;
-      ok.noalias() = x * wk;
-      oh.noalias() += a * wo;
-      of.noalias() = x * wg;
-      of.noalias() = x * wg;
-      oh.noalias() += g * wd;
-      fastest = std::min(
-          fastest, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      for (const ref::layer_weights& lw : w.layers) {
+        oq.noalias() = x * lw.wq;
+        ok.noalias() = x * lw.wk;
+        ov.noalias() = x * lw.wv;
+        oh.noalias() += a * lw.wo;
+        og.noalias() = x * lw.w_gate;
+        ou.noalias() = x * lw.w_up;
+        oh.noalias() += g * lw.w_down;
+      }
+      logits.noalias() = last * w.lm_head;
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       benchmark::DoNotOptimize(oh.data());
+      benchmark::DoNotOptimize(logits.data());
     }
-    best[slots] = fastest;
+    std::sort(times.begin(), times.end());
+    median[shape] = times[1];
   }
-  const double per_row = 2.0 * static_cast<double>(h * q + 2 * h * kv + q * h + 2 * h * f + f * h);
+  const double per_row =
+      2.0 * static_cast<double>(h * q + 2 * h * kv + q * h + 2 * h * f + f * h) * c.n_layers;
   double flops = 0, seconds = 0;
-  for (std::size_t slots : batch_slots) {
-    flops += per_row * static_cast<double>(slots);
-    seconds += best[slots];
+  for (std::size_t b = 0; b < batch_slots.size(); ++b) {
+    flops += per_row * static_cast<double>(batch_slots[b]) +
+             2.0 * static_cast<double>(batch_outputs[b]) * static_cast<double>(h) * c.vocab;
+    seconds += median[{batch_slots[b], batch_outputs[b]}];
   }
   return flops / seconds / 1e9;
 }
@@ -304,7 +319,7 @@ void register_all() {
                 if (g_padding_seconds.count(group) != 0) {
                   state.counters["speedup"] = g_padding_seconds[group] / pass;
                 }
-                const double gemm = gemm_gflops(m->cfg(), t.batch_slots);
+                const double gemm = gemm_gflops(*m, t.batch_slots, t.batch_outputs);
                 state.counters["batches"] = static_cast<double>(t.n_batches);
                 state.counters["s_per_batch"] = benchmark::Counter(
                     static_cast<double>(t.n_batches),

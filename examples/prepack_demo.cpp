@@ -39,7 +39,10 @@ Model (default: Llama-style, vocab 4096, hidden 256, 4 layers, 8 heads, 2 kv hea
   --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
   --rope-theta X
 Method:
-  --capacity N        tokens per packed row (default: the longest prompt)
+  --capacity N        tokens per packed row (default: the longest prompt); with --max-pad,
+                      the widest row allowed
+  --max-pad F         widen rows past the longest prompt until pad slots are at most F x the
+                      tokens (0.05: 5%), as narrow as that allows (prepack::fitted_plan)
   --packer ffd|bfd    first-fit-decreasing (default) or best-fit-decreasing
   --attention dense|segment
                       prepacked attention: per-row block-diagonal mask (the paper's) or
@@ -82,12 +85,12 @@ std::string mib(std::size_t bytes) {
 }
 
 int demo(int argc, char** argv) {
-  const cli::args a(
-      argc, argv,
-      {"--prompts", "--profile", "--batch", "--max-len", "--seed", "--vocab", "--hidden",
-       "--layers", "--heads", "--kv-heads", "--head-dim", "--ffn", "--rope-theta", "--capacity",
-       "--packer", "--attention", "--threads", "--new-tokens", "--repeat"},
-      {"--json", "--help"});
+  const cli::args a(argc, argv,
+                    {"--prompts",   "--profile", "--batch",      "--max-len",  "--seed",
+                     "--vocab",     "--hidden",  "--layers",     "--heads",    "--kv-heads",
+                     "--head-dim",  "--ffn",     "--rope-theta", "--capacity", "--packer",
+                     "--attention", "--threads", "--new-tokens", "--repeat",   "--max-pad"},
+                    {"--json", "--help"});
   if (a.has("--help")) {
     std::cout << kHelp;
     return 0;
@@ -145,10 +148,17 @@ int demo(int argc, char** argv) {
   const std::optional<int> capacity =
       cap_flag > 0 ? std::optional<int>(static_cast<int>(cap_flag)) : std::nullopt;
 
+  const auto kind =
+      bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing;
+  const bool fit = a.has("--max-pad");
+  prepack::fit_options fit_opt;
+  fit_opt.max_pad = a.real("--max-pad", 0.05, 0.0, 1e9);
+  if (capacity) fit_opt.max_capacity = static_cast<unsigned long long>(*capacity);
+  const auto make_packed_plan = [&] {
+    return fit ? prepack::fitted_plan(kind, len, fit_opt) : prepack::make_plan(kind, len, capacity);
+  };
   // The plan, for the report (the timed runs plan again: planning is part of the cost).
-  const auto plan = prepack::make_plan(
-      bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing, len,
-      capacity);
+  const auto plan = make_packed_plan();
   const std::size_t useful = plan.useful_tokens();
   const std::size_t padded_slots = len.size() * static_cast<std::size_t>(longest);
 
@@ -178,14 +188,7 @@ int demo(int argc, char** argv) {
   const timing padded = run(
       m, prompts, [&] { return prepack::padded(len); }, ref::attention::dense, threads, repeat,
       new_tokens);
-  const timing packed = run(
-      m, prompts,
-      [&] {
-        return prepack::make_plan(
-            bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing, len,
-            capacity);
-      },
-      path, threads, repeat, new_tokens);
+  const timing packed = run(m, prompts, make_packed_plan, path, threads, repeat, new_tokens);
   auto [alone, alone_logits] =
       ref::prefill_alone(m, prompts, static_cast<std::size_t>(new_tokens), {path, threads});
 
@@ -237,8 +240,10 @@ int demo(int argc, char** argv) {
       "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %d threads\n\n",
       c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab,
       packed.result.profile.n_threads);
-  std::printf("plan (%s, capacity %d): %zu rows, %zu slots, fill %.1f%%\n",
-              bfd ? "best-fit" : "first-fit", plan.capacity, plan.n_rows(), plan.slots(),
+  std::printf("plan (%s, capacity %d%s): %zu rows, %zu slots, fill %.1f%%\n",
+              bfd ? "best-fit" : "first-fit", plan.capacity,
+              fit ? (" fitted to --max-pad " + a.str("--max-pad", "")).c_str() : "", plan.n_rows(),
+              plan.slots(),
               100.0 * static_cast<double>(useful) / static_cast<double>(plan.slots()));
   std::printf("  padding computes %zu slots (%.2fx the useful tokens), prepacking %zu (%.2fx)\n\n",
               padded_slots, static_cast<double>(padded_slots) / static_cast<double>(useful),
