@@ -68,15 +68,27 @@ void run(reader& in) {
   L v{};
   while (len.size() < 4096 && in.get(v)) len.push_back(v);
   const std::optional<L> capacity = give_cap ? std::optional<L>(cap) : std::nullopt;
-  for (int kind = 0; kind < 3; ++kind) {
+  // fitted_plan: a budget from the mode byte, the given capacity (if not negative) as the widest.
+  prepack::fit_options fit;
+  fit.max_pad = static_cast<double>(mode >> 2) / 16.0;
+  if (give_cap && static_cast<long double>(cap) >= 0)
+    fit.max_capacity = static_cast<unsigned long long>(cap);
+  for (int kind = 0; kind < 5; ++kind) {
     try {
-      const auto p = kind == 0   ? prepack::first_fit_decreasing(len, capacity)
-                     : kind == 1 ? prepack::best_fit_decreasing(len, capacity)
-                                 : prepack::padded(len,
-                                                   (mode & 2) ? prepack::padding_side::left
-                                                              : prepack::padding_side::right,
-                                                   capacity);
+      const auto p =
+          kind == 0   ? prepack::first_fit_decreasing(len, capacity)
+          : kind == 1 ? prepack::best_fit_decreasing(len, capacity)
+          : kind == 2
+              ? prepack::padded(
+                    len, (mode & 2) ? prepack::padding_side::left : prepack::padding_side::right,
+                    capacity)
+              : prepack::fitted_plan(kind == 3 ? prepack::packer::first_fit_decreasing
+                                               : prepack::packer::best_fit_decreasing,
+                                     len, fit);
       check_plan(len, p);
+      if (kind >= 3 && fit.max_capacity) {
+        CHECK(static_cast<unsigned long long>(p.capacity) <= *fit.max_capacity);
+      }
     } catch (const prepack::error&) {
       // Bad input: fine, as long as it is a prepack::error.
     }

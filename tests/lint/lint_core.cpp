@@ -8,6 +8,7 @@ int main() {
   const std::vector<int> len{5, 3, 2};
   const auto p = prepack::first_fit_decreasing(len);
   const auto bp = prepack::best_fit_decreasing(len);
+  const auto fp = prepack::fitted_plan(prepack::packer::best_fit_decreasing, len, {0.0, 12});
   const auto l = prepack::make_layout(p, std::vector<int>(10, 1));
   const auto m = prepack::dense_mask(l);
   const auto a = prepack::additive_mask(l);
@@ -31,6 +32,6 @@ int main() {
   const auto w = prepack::generate_lengths(prepack::profile::heavy, 10, 1);
   const bool sane = m.size() == a.size() && v.slot.size() == t.pos.size() && c.size() == 3 &&
                     sp.size() == p.n_rows() && lb.size() == 2 && w.size() == 10 &&
-                    bp.n_rows() == p.n_rows();
+                    bp.n_rows() == p.n_rows() && fp.slots() == 10;
   return sane ? 0 : 1;
 }
