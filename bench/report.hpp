@@ -190,6 +190,34 @@ inline void write(const table& t, const std::string& dir) {
     verdict(m + ": linear layers >= 80% of raw Eigen GEMMs of the same shapes", buf,
             worst_linear >= 0.8);
   }
+  // The run's own noise: on equal lengths these methods run one and the same plan and path, so
+  // the spread of their times is what the machine adds, not a difference between methods.
+  md << "\n";
+  for (const std::string& m : models) {
+    double spread = 0;
+    std::size_t at = 0;
+    for (std::size_t b : batches) {
+      double lo = 0, hi = 0;
+      for (const char* me : {"ffd-segment", "bfd-segment", "ffd-fit"}) {
+        const row* r = get(m, "equal", me, b);
+        if (!r) continue;
+        lo = lo == 0 ? r->seconds : std::min(lo, r->seconds);
+        hi = std::max(hi, r->seconds);
+      }
+      if (lo > 0 && hi / lo > spread) {
+        spread = hi / lo;
+        at = b;
+      }
+    }
+    if (spread > 0) {
+      std::snprintf(buf, sizeof buf,
+                    "Noise of this run, model %s: on `equal` ffd-segment, bfd-segment and ffd-fit "
+                    "run the same plan, and their times differ by up to %.1f%% (batch %zu); a "
+                    "ratio that far from its limit is not a measured difference.\n",
+                    m.c_str(), 100.0 * (spread - 1.0), at);
+      md << buf;
+    }
+  }
   md << "\nSlots are what a row-based plan computes: n_rows x the row width. ffd-segment's rows "
         "are as wide as the batch's longest prompt (the paper's plan): where a batch cannot fill "
         "them (one long prompt and a few short ones; lengths all above half the longest) it "
