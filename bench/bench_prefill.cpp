@@ -132,16 +132,16 @@ struct batch_job {
 struct totals {
   double useful = 0, slots = 0, linear_flops = 0, linear_seconds = 0;
   std::size_t peak_bytes = 0, n_batches = 0;
-  double peak_slots = 0;                   // slots of the prefill with the peak memory
-  std::vector<std::size_t> batch_slots;    // [n_batches] slots of each prefill
-  std::vector<std::size_t> batch_outputs;  // [n_batches] prompts (last-token logits) of each
-  double max_logit_diff = 0;               // against prefilling each prompt alone
+  double peak_slots = 0;  // slots of the prefill with the peak memory
+  // [n_batches] (slots, prompts) of each prefill: the shapes of its linear layers and LM head
+  std::vector<std::pair<std::size_t, std::size_t>> batch_shapes;
+  double max_logit_diff = 0;  // against prefilling each prompt alone
 };
 
 // Prefills the dataset with one method; the timed region of the benchmark.
 totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& prompts,
                    const std::vector<int>& len, method me, std::size_t batch,
-                   const ref::matrix* check) {
+                   const ref::matrix& alone) {
   totals t;
   const ref::attention path =
       me == method::padding || me == method::sorted || me == method::ffd_dense
@@ -210,73 +210,66 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
       t.peak_bytes = r.memory.peak_bytes;
       t.peak_slots = static_cast<double>(plan.slots());
     }
-    t.batch_slots.push_back(plan.slots());
-    t.batch_outputs.push_back(plan.n_prompts());
+    t.batch_shapes.emplace_back(plan.slots(), plan.n_prompts());
     ++t.n_batches;
-    if (check != nullptr) {
-      for (std::size_t k = 0; k < job.ids.size(); ++k) {
-        const double d = (check->row(static_cast<Eigen::Index>(job.ids[k])) -
-                          r.logits.row(static_cast<Eigen::Index>(k)))
-                             .cwiseAbs()
-                             .maxCoeff();
-        t.max_logit_diff = std::max(t.max_logit_diff, d);
-      }
+    for (std::size_t k = 0; k < job.ids.size(); ++k) {
+      const double d = (alone.row(static_cast<Eigen::Index>(job.ids[k])) -
+                        r.logits.row(static_cast<Eigen::Index>(k)))
+                           .cwiseAbs()
+                           .maxCoeff();
+      t.max_logit_diff = std::max(t.max_logit_diff, d);
     }
   }
   return t;
 }
 
-// GFLOP/s of raw Eigen GEMMs with the shapes and the weights of every prefill of the run: for
+// Seconds of raw Eigen GEMMs with the shapes and the weights of every prefill of the run: for
 // each layer, Q, K, V, O, gate, up and down over the prefill's slots with that layer's own
 // weight matrices, then the LM head over its last tokens - the kernel's linear layers in the
-// kernel's order, with nothing between them. The kernel's linear time is held to this: what is
-// lost to the attention, norms and bookkeeping around its GEMMs. Each distinct prefill shape is
-// timed three times, the fastest kept (as the kernel's fastest pass is), once per run and model;
-// the rate is total FLOPs over total time, so small and large prefills weigh as in the run.
-double gemm_gflops(const ref::model& m, const std::vector<std::size_t>& batch_slots,
-                   const std::vector<std::size_t>& batch_outputs) {
+// kernel's order, with nothing between them, so the kernel's own FLOP count applies to both. The
+// kernel's linear time is held to this: what is lost to the attention, norms and bookkeeping
+// around its GEMMs. Each distinct prefill shape is timed three times, the fastest kept (as the
+// kernel's fastest pass is), once per run and model.
+double gemm_seconds(const ref::model& m,
+                    const std::vector<std::pair<std::size_t, std::size_t>>& batch_shapes) {
   const ref::config& c = m.cfg();
   const ref::weights& w = m.params();
   const Eigen::Index h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
-  // (model, slots, outputs) -> seconds
+  // (model, slots, prompts) -> seconds
   static std::map<std::tuple<const ref::model*, std::size_t, std::size_t>, double> fastest;
-  for (std::size_t b = 0; b < batch_slots.size(); ++b) {
-    const auto shape = std::make_tuple(&m, batch_slots[b], batch_outputs[b]);
-    if (fastest.count(shape) != 0) continue;
-    const auto rows = static_cast<Eigen::Index>(batch_slots[b]);
-    const auto outs = static_cast<Eigen::Index>(batch_outputs[b]);
-    ref::matrix x = ref::matrix::Random(rows, h), a = ref::matrix::Random(rows, q),
-                g = ref::matrix::Random(rows, f), last = ref::matrix::Random(outs, h);
-    ref::matrix oq(rows, q), ok(rows, kv), ov(rows, kv),
-        oh = ref::matrix::Zero(rows, h), og(rows, f), ou(rows, f), logits(outs, c.vocab);
-    std::vector<double> times;
-    for (int k = 0; k < 3; ++k) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (const ref::layer_weights& lw : w.layers) {
-        oq.noalias() = x * lw.wq;
-        ok.noalias() = x * lw.wk;
-        ov.noalias() = x * lw.wv;
-        oh.noalias() += a * lw.wo;
-        og.noalias() = x * lw.w_gate;
-        ou.noalias() = x * lw.w_up;
-        oh.noalias() += g * lw.w_down;
+  double seconds = 0;
+  for (const auto& [slots, prompts] : batch_shapes) {
+    const auto key = std::make_tuple(&m, slots, prompts);
+    if (fastest.count(key) == 0) {
+      const auto rows = static_cast<Eigen::Index>(slots);
+      const auto outs = static_cast<Eigen::Index>(prompts);
+      ref::matrix x = ref::matrix::Random(rows, h), a = ref::matrix::Random(rows, q),
+                  g = ref::matrix::Random(rows, f), last = ref::matrix::Random(outs, h);
+      ref::matrix oq(rows, q), ok(rows, kv), ov(rows, kv),
+          oh = ref::matrix::Zero(rows, h), og(rows, f), ou(rows, f), logits(outs, c.vocab);
+      double best = 0;
+      for (int k = 0; k < 3; ++k) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (const ref::layer_weights& lw : w.layers) {
+          oq.noalias() = x * lw.wq;
+          ok.noalias() = x * lw.wk;
+          ov.noalias() = x * lw.wv;
+          oh.noalias() += a * lw.wo;
+          og.noalias() = x * lw.w_gate;
+          ou.noalias() = x * lw.w_up;
+          oh.noalias() += g * lw.w_down;
+        }
+        logits.noalias() = last * w.lm_head;
+        const double took = seconds_since(t0);
+        best = k == 0 ? took : std::min(best, took);
+        benchmark::DoNotOptimize(oh.data());
+        benchmark::DoNotOptimize(logits.data());
       }
-      logits.noalias() = last * w.lm_head;
-      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      benchmark::DoNotOptimize(oh.data());
-      benchmark::DoNotOptimize(logits.data());
+      fastest[key] = best;
     }
-    fastest[shape] = *std::min_element(times.begin(), times.end());
+    seconds += fastest[key];
   }
-  const double per_row =
-      2.0 * static_cast<double>(h * q + 2 * h * kv + q * h + 2 * h * f + f * h) * c.n_layers;
-  double flops = 0, seconds = 0;
-  for (std::size_t b = 0; b < batch_slots.size(); ++b) {
-    flops += per_row * static_cast<double>(batch_slots[b]) +
-             2.0 * static_cast<double>(batch_outputs[b]) * static_cast<double>(h) * c.vocab;
-    seconds += fastest[std::make_tuple(&m, batch_slots[b], batch_outputs[b])];
-  }
-  return flops / seconds / 1e9;
+  return seconds;
 }
 
 report::table g_results;
@@ -307,7 +300,7 @@ void register_all() {
               name.c_str(),
               [=](benchmark::State& state) {
                 if (alone->size() == 0) *alone = ref::prefill_alone(*m, *prompts).second;
-                // Passes of the whole dataset until at least kMinPasses and kMinSeconds; the
+                // Passes of the whole dataset until at least min_passes and min_seconds; the
                 // time is the fastest pass (the others were slowed by something else on the
                 // machine), and every pass checks its logits against prefilling each prompt
                 // alone (a comparison of n_prompts x vocab floats, next to nothing).
@@ -319,7 +312,7 @@ void register_all() {
                     if (passes >= g_opt.min_passes && seconds_since(start) >= g_opt.min_seconds)
                       break;
                     const auto t0 = std::chrono::steady_clock::now();
-                    t = run_dataset(*m, *prompts, *lengths, me, batch, alone.get());
+                    t = run_dataset(*m, *prompts, *lengths, me, batch, *alone);
                     const double pass = seconds_since(t0);
                     best = passes == 0 ? pass : std::min(best, pass);
                     linear_gflops =
@@ -337,7 +330,7 @@ void register_all() {
                 if (g_padding_seconds.count(group) != 0) {
                   state.counters["speedup"] = g_padding_seconds[group] / best;
                 }
-                const double gemm = gemm_gflops(*m, t.batch_slots, t.batch_outputs);
+                const double gemm = t.linear_flops / gemm_seconds(*m, t.batch_shapes) / 1e9;
                 state.counters["batches"] = static_cast<double>(t.n_batches);
                 state.counters["s_per_batch"] = best / static_cast<double>(t.n_batches);
                 state.counters["useful_tok_per_s"] = t.useful / best;

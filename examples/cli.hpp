@@ -8,12 +8,14 @@
 #include <cstdlib>
 #include <map>
 #include <new>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "prepack/error.hpp"
+#include "prepack/plan.hpp"
 
 namespace cli {
 
@@ -101,6 +103,19 @@ class args {
  private:
   std::map<std::string, std::string> values_;
 };
+
+/// The plan the shared planning flags ask for: with --max-pad F, fitted_plan at that budget
+/// (`capacity`, from --capacity, the widest row allowed); else `kind` at `capacity`.
+template <class Length>
+prepack::pack_plan<Length> plan_from_flags(const args& a, prepack::packer kind,
+                                           const std::vector<Length>& length,
+                                           std::optional<Length> capacity) {
+  if (!a.has("--max-pad")) return prepack::make_plan(kind, length, capacity);
+  prepack::fit_options fit;
+  fit.max_pad = a.real("--max-pad", 0.05, 0.0, 1e9);
+  if (capacity) fit.max_capacity = static_cast<unsigned long long>(*capacity);
+  return prepack::fitted_plan(kind, length, fit);
+}
 
 /// Runs a binary's body and turns the mistakes a user can make into one line on stderr and exit
 /// code 2: a bad flag (usage_error), bad input (prepack::error), a workload too big for memory.

@@ -151,12 +151,7 @@ int demo(int argc, char** argv) {
   const auto kind =
       bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing;
   const bool fit = a.has("--max-pad");
-  prepack::fit_options fit_opt;
-  fit_opt.max_pad = a.real("--max-pad", 0.05, 0.0, 1e9);
-  if (capacity) fit_opt.max_capacity = static_cast<unsigned long long>(*capacity);
-  const auto make_packed_plan = [&] {
-    return fit ? prepack::fitted_plan(kind, len, fit_opt) : prepack::make_plan(kind, len, capacity);
-  };
+  const auto make_packed_plan = [&] { return cli::plan_from_flags(a, kind, len, capacity); };
   // The plan, for the report (the timed runs plan again: planning is part of the cost).
   const auto plan = make_packed_plan();
   const std::size_t useful = plan.useful_tokens();

@@ -68,16 +68,13 @@ int run(int argc, char** argv) {
   }
   const std::optional<long long> capacity =
       a.has("--capacity") ? std::optional<long long>(cap) : std::nullopt;
-  const auto plan = [&](prepack::packer kind) {
-    if (!a.has("--max-pad")) return prepack::make_plan(kind, len, capacity);
-    prepack::fit_options fit;
-    fit.max_pad = a.real("--max-pad", 0.05, 0.0, 1e9);
-    if (capacity) fit.max_capacity = static_cast<unsigned long long>(*capacity);
-    return prepack::fitted_plan(kind, len, fit);
-  };
   std::vector<named_plan> plans;
-  if (which != "bfd") plans.push_back({"ffd", plan(prepack::packer::first_fit_decreasing)});
-  if (which != "ffd") plans.push_back({"bfd", plan(prepack::packer::best_fit_decreasing)});
+  for (const auto& [name, kind] : {std::pair{"ffd", prepack::packer::first_fit_decreasing},
+                                   std::pair{"bfd", prepack::packer::best_fit_decreasing}}) {
+    if (which == "both" || which == name) {
+      plans.push_back({name, cli::plan_from_flags(a, kind, len, capacity)});
+    }
+  }
 
   long long longest = 0;
   for (long long v : len) longest = std::max(longest, v);

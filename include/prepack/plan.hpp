@@ -229,6 +229,13 @@ pack_plan<Length> pack_sorted(packer kind, span<const Length> length,
                                              : ffd_sorted(length, order, cap);
 }
 
+// Checks the lengths and capacity, sorts, packs: what every public packer does.
+template <class Length>
+pack_plan<Length> pack(packer kind, span<const Length> length, std::optional<Length> capacity) {
+  const Length cap = checked_capacity(length, capacity);
+  return pack_sorted(kind, length, decreasing_order(length), cap);
+}
+
 template <class Range, class Proj>
 auto project_lengths(const Range& items, Proj proj) {
   using std::begin;
@@ -249,9 +256,7 @@ auto project_lengths(const Range& items, Proj proj) {
 template <class Length>
 pack_plan<Length> first_fit_decreasing(
     span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  const Length cap = detail::checked_capacity(length, capacity);
-  return detail::pack_sorted(packer::first_fit_decreasing, length, detail::decreasing_order(length),
-                             cap);
+  return detail::pack(packer::first_fit_decreasing, length, capacity);
 }
 
 /// Packs prompts into rows best-fit-decreasing: longest prompt first, each into the row it
@@ -260,9 +265,7 @@ pack_plan<Length> first_fit_decreasing(
 template <class Length>
 pack_plan<Length> best_fit_decreasing(
     span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  const Length cap = detail::checked_capacity(length, capacity);
-  return detail::pack_sorted(packer::best_fit_decreasing, length, detail::decreasing_order(length),
-                             cap);
+  return detail::pack(packer::best_fit_decreasing, length, capacity);
 }
 
 /// The padding baseline as a plan: prompt i alone in row i, its pad slots on `side` (left as
@@ -305,8 +308,7 @@ pack_plan<Length> padded(const std::vector<Length>& length, padding_side side = 
 template <class Length>
 pack_plan<Length> make_plan(packer kind, span<const Length> length,
                             std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  return kind == packer::best_fit_decreasing ? best_fit_decreasing(length, capacity)
-                                             : first_fit_decreasing(length, capacity);
+  return detail::pack(kind, length, capacity);
 }
 
 template <class Length>
@@ -377,15 +379,13 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
   }
   const long double allowed =
       static_cast<long double>(total) * (1.0L + static_cast<long double>(opt.max_pad));
-  const auto meets = [&](const pack_plan<Length>& p) {
-    return static_cast<long double>(p.n_rows()) * static_cast<long double>(p.capacity) <= allowed;
+  const auto slots = [](const pack_plan<Length>& p) {
+    return static_cast<long double>(p.n_rows()) * static_cast<long double>(p.capacity);
   };
+  const auto meets = [&](const pack_plan<Length>& p) { return slots(p) <= allowed; };
   const std::vector<std::size_t> order = detail::decreasing_order(length);
   const auto pack = [&](unsigned long long cap) {
     return detail::pack_sorted(kind, length, order, static_cast<Length>(cap));
-  };
-  const auto slots = [](const pack_plan<Length>& p) {
-    return static_cast<long double>(p.n_rows()) * static_cast<long double>(p.capacity);
   };
   // Doubling from the longest prompt finds a width that meets the budget (`hi`) above one that
   // misses it (`lo`); bisection then narrows the gap to one slot.
