@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
+#include "prepack/workload.hpp"
 
 namespace {
 
@@ -43,7 +44,7 @@ void BM_PlanAndLayout(benchmark::State& state) {
   for (auto _ : state) {
     const auto plan = prepack::first_fit_decreasing(len);
     auto layout = prepack::make_layout(plan, tokens);
-    benchmark::DoNotOptimize(layout.tokens.data());
+    benchmark::DoNotOptimize(layout.tokens().data());
   }
   state.SetComplexityN(state.range(0));
   state.counters["tokens_per_s"] =

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
+#include "prepack/workload.hpp"
 #include "prepack/reference.hpp"
 #include "report.hpp"
 

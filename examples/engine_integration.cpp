@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
+#include "prepack/workload.hpp"
 #include "prepack/reference.hpp"
 
 namespace ref = prepack::reference;
@@ -84,7 +85,7 @@ int main() {
         prepack::make_layout(plan, prompts, {/*pad_id=*/cfg.pad_id, /*pad_position=*/0});
     const std::vector<float> mask = prepack::additive_mask(layout);
     std::printf("2. inputs: input_ids/position_ids %zu x %zu, mask %zu x %zu x %zu\n",
-                layout.n_rows, layout.width, layout.n_rows, layout.width, layout.width);
+                layout.n_rows(), layout.width(), layout.n_rows(), layout.width(), layout.width());
     //    Engines with varlen attention (FlashAttention, vLLM) take cu_seqlens instead of a mask;
     //    llama.cpp-style engines take per-token (token, pos, seq_id, logits) arrays:
     const auto varlen = prepack::make_varlen(layout);
@@ -98,8 +99,8 @@ int main() {
     // 3. The engine's forward pass, on its own inputs. It returns KV per layer in its own layout
     //    [n_rows][width][n_kv_heads][head_dim] and logits for the slots asked for: each prompt's
     //    last token (layout.last_token).
-    const auto out = eng.forward(layout.n_rows, layout.width, layout.tokens, layout.positions, mask,
-                                 layout.last_token);
+    const auto out = eng.forward(layout.n_rows(), layout.width(), layout.parts().tokens,
+                                 layout.parts().positions, mask, layout.parts().last_token);
     std::printf("3. forward: %.1f MFLOP in %.3f s\n",
                 (out.profile.linear_flops + out.profile.attention_flops) / 1e6,
                 out.profile.seconds_total);

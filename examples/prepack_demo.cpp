@@ -20,6 +20,7 @@
 
 #include "cli.hpp"
 #include "prepack/prepack.hpp"
+#include "prepack/workload.hpp"
 #include "prepack/reference.hpp"
 
 namespace ref = prepack::reference;

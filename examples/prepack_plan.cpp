@@ -14,6 +14,7 @@
 
 #include "cli.hpp"
 #include "prepack/prepack.hpp"
+#include "prepack/workload.hpp"
 
 namespace {
 

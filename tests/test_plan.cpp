@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -330,65 +331,92 @@ TYPED_TEST(PlanLengthTypes, PlansAreValidAtTheTypesLimits) {
   }
 }
 
-// fitted_plan against the definitions: a valid plan that is exactly the naive packing at the
-// width it picked, within the padding budget, the longest prompt's width whenever that meets
-// the budget, and one slot narrower missing the budget (the bisection's guarantee).
-TEST(FittedPlan, MeetsThePadBudgetAtALocallyNarrowestWidth) {
+// fitted_plan against the definitions, by brute force over every width: a valid plan that is
+// exactly the naive packing at the width it picked; when some width up to the bound meets the
+// padding budget, the narrowest such width; otherwise the width with the fewest slots (the
+// narrowest among equals). Bounded and unbounded widths.
+TEST(FittedPlan, NarrowestWidthMeetingTheBudgetElseFewestSlots) {
   std::mt19937_64 rng(11);
-  int widened = 0;
-  for (int trial = 0; trial < 600; ++trial) {
-    const std::size_t n = 1 + rng() % 64;
+  int widened = 0, out_of_reach = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::size_t n = 1 + rng() % 48;
     std::vector<int> len;
     switch (trial % 3) {
       case 0:  // uniform
-        len = test::random_lengths(rng, n, 1, 300);
+        len = test::random_lengths(rng, n, 1, 120);
         break;
       case 1:  // mildly varied: every pair overflows the longest, so the paper's rows pad
-        len = test::random_lengths(rng, n, 160, 300);
+        len = test::random_lengths(rng, n, 64, 120);
         break;
       default:  // one long prompt and short ones
-        len = test::random_lengths(rng, n, 1, 20);
-        len[rng() % n] = 300;
+        len = test::random_lengths(rng, n, 1, 12);
+        len[rng() % n] = 120;
         break;
     }
     const int longest = *std::max_element(len.begin(), len.end());
     const long long total = std::accumulate(len.begin(), len.end(), 0ll);
-    for (double max_pad : {0.0, 0.02, 0.05, 0.25}) {
+    for (double max_pad : {0.0, 0.02, 0.05, 0.3}) {
       for (bool best : {false, true}) {
-        const auto kind =
-            best ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing;
-        const auto p = prepack::fitted_plan(kind, len, {max_pad, std::nullopt});
-        const std::string where = "trial " + std::to_string(trial) + " max_pad " +
-                                  std::to_string(max_pad) + (best ? " bfd" : " ffd");
-        ASSERT_GE(p.capacity, longest) << where;
-        ASSERT_LE(p.capacity, total) << where;
-        expect_valid_plan(len, p, p.capacity);
-        const naive_result ref = naive_fit_decreasing(len, p.capacity, best);
-        ASSERT_EQ(p.n_rows(), ref.n_rows) << where;
-        for (std::size_t i = 0; i < n; ++i) {
-          ASSERT_EQ(p.row[i], ref.row[i]) << where << " prompt " << i;
-          ASSERT_EQ(p.offset[i], ref.offset[i]) << where << " prompt " << i;
-        }
-        const auto within = [&](std::size_t rows, int cap) {
-          return static_cast<double>(rows) * cap <= static_cast<double>(total) * (1 + max_pad);
-        };
-        ASSERT_TRUE(within(ref.n_rows, p.capacity)) << where << ": " << ref.n_rows << " rows of "
-                                                    << p.capacity << " for " << total << " tokens";
-        if (within(naive_fit_decreasing(len, longest, best).n_rows, longest)) {
-          ASSERT_EQ(p.capacity, longest) << where;
-        } else {
-          ++widened;
-          const int narrower = p.capacity - 1;
-          ASSERT_FALSE(within(naive_fit_decreasing(len, narrower, best).n_rows, narrower))
-              << where << ": width " << narrower << " also meets the budget";
-        }
-        if (max_pad == 0.0) {
-          ASSERT_EQ(static_cast<long long>(p.slots()), total) << where;
+        for (bool bounded : {false, true}) {
+          const auto kind =
+              best ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing;
+          const long long widest =
+              bounded ? std::min<long long>(total, longest + static_cast<long long>(rng() % 60))
+                      : total;
+          prepack::fit_options opt{max_pad, std::nullopt};
+          if (bounded) opt.max_capacity = static_cast<unsigned long long>(widest);
+          const auto p = prepack::fitted_plan(kind, len, opt);
+          const std::string where = "trial " + std::to_string(trial) + " max_pad " +
+                                    std::to_string(max_pad) + (best ? " bfd" : " ffd") +
+                                    " widest " + std::to_string(widest);
+          ASSERT_GE(p.capacity, longest) << where;
+          ASSERT_LE(p.capacity, widest) << where;
+          expect_valid_plan(len, p, p.capacity);
+          const naive_result ref = naive_fit_decreasing(len, p.capacity, best);
+          ASSERT_EQ(p.n_rows(), ref.n_rows) << where;
+          for (std::size_t i = 0; i < n; ++i) {
+            ASSERT_EQ(p.row[i], ref.row[i]) << where << " prompt " << i;
+            ASSERT_EQ(p.offset[i], ref.offset[i]) << where << " prompt " << i;
+          }
+          // Brute force: the slots of every width.
+          long long narrowest_within = -1, fewest_width = -1, fewest = -1;
+          for (long long w = longest; w <= widest; ++w) {
+            const long long s =
+                static_cast<long long>(naive_fit_decreasing(len, static_cast<int>(w), best).n_rows) *
+                w;
+            if (narrowest_within < 0 &&
+                static_cast<double>(s) <= static_cast<double>(total) * (1 + max_pad)) {
+              narrowest_within = w;
+            }
+            if (fewest < 0 || s < fewest) {
+              fewest = s;
+              fewest_width = w;
+            }
+          }
+          if (narrowest_within >= 0) {
+            ASSERT_EQ(p.capacity, narrowest_within) << where;
+            widened += p.capacity > longest ? 1 : 0;
+          } else {
+            ASSERT_EQ(p.capacity, fewest_width) << where;
+            ++out_of_reach;
+          }
+          if (max_pad == 0.0 && !bounded) {
+            ASSERT_EQ(static_cast<long long>(p.slots()), total) << where;
+          }
         }
       }
     }
   }
-  EXPECT_GT(widened, 1000);  // the instances exercise the search, not only the paper's width
+  // The instances exercise the search, not only the paper's width, and the fallback.
+  EXPECT_GT(widened, 1000);
+  EXPECT_GT(out_of_reach, 100);
+}
+
+// The smallest case where trying only doubled widths misses: 9 | 6 + 4 at width 10.
+TEST(FittedPlan, FindsAWidthBetweenTheLongestAndTheBound) {
+  const auto p = prepack::fitted_plan(prepack::packer::first_fit_decreasing, {9, 4, 6}, {0.3, 16});
+  EXPECT_EQ(p.capacity, 10);
+  EXPECT_EQ(p.n_rows(), 2u);
 }
 
 TEST(FittedPlan, MaxCapacityBoundsTheWidth) {
@@ -428,6 +456,24 @@ TEST(FittedPlan, Errors) {
   EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4, 9}, {0.1, 5}),
                        "prompt 1: length 9 exceeds max capacity 5");
   EXPECT_PREPACK_ERROR(prepack::fitted_plan(ffd, std::vector<int>{4}, {0.1, 0}), "max capacity 0");
+}
+
+// Every planner takes a span, a container or a braced list, with or without the length type
+// spelled out.
+TEST(Plan, LengthsAsSpansContainersAndBracedLists) {
+  const std::vector<int> v{5, 2, 3};
+  const std::array<int, 3> a{5, 2, 3};
+  const auto reference = prepack::first_fit_decreasing(prepack::span<const int>(v));
+  EXPECT_EQ(prepack::first_fit_decreasing<int>({5, 2, 3}).row, reference.row);
+  EXPECT_EQ(prepack::first_fit_decreasing({5, 2, 3}).row, reference.row);
+  EXPECT_EQ(prepack::first_fit_decreasing(a).row, reference.row);
+  EXPECT_EQ(prepack::best_fit_decreasing<int>({5, 2, 3}, 8).n_rows(), 2u);
+  EXPECT_EQ(prepack::padded({5, 2, 3}).n_rows(), 3u);
+  EXPECT_EQ(prepack::length_sorted_batches(v, 2),
+            (std::vector<std::vector<std::size_t>>{{0, 2}, {1}}));
+  EXPECT_EQ(prepack::length_sorted_batches({5, 2, 3}, 2).size(), 2u);
+  const std::vector<std::size_t> ids{2, 0};
+  EXPECT_EQ(prepack::select(v, ids), (std::vector<int>{3, 5}));
 }
 
 TEST(PlanErrors, NameTheOffendingPromptAndValue) {

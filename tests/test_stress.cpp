@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
+#include "prepack/workload.hpp"
 
 // ---- heap accounting for this test binary ----
 namespace {
@@ -67,10 +68,10 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
   // Nothing lost or mixed in the layout: every real slot holds its own prompt's token.
   std::size_t real = 0;
   for (std::size_t s = 0; s < layout.n_slots(); ++s) {
-    if (layout.segments[s] < 0) continue;
+    if (layout.segments()[s] < 0) continue;
     ++real;
-    ASSERT_EQ(layout.tokens[s], tag(static_cast<std::size_t>(layout.segments[s]),
-                                    static_cast<std::size_t>(layout.positions[s])));
+    ASSERT_EQ(layout.tokens()[s], tag(static_cast<std::size_t>(layout.segments()[s]),
+                                    static_cast<std::size_t>(layout.positions()[s])));
   }
   ASSERT_EQ(real, total);
 
@@ -86,9 +87,9 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
       table.push_back(k < need ? static_cast<std::int32_t>(next++) : -1);
   }
   std::vector<std::int32_t> pool(next * block, -1);
-  const auto src = prepack::packed_view<const std::int32_t>(layout.tokens.data(),
+  const auto src = prepack::packed_view<const std::int32_t>(layout.tokens().data(),
                                                             prepack::kv_order::row_slot_head_dim,
-                                                            layout.n_rows, layout.width, 1, 1);
+                                                            layout.n_rows(), layout.width(), 1, 1);
   prepack::unpack_paged(
       layout, src, prepack::contiguous_view<std::int32_t, 4>(pool.data(), {next, block, 1, 1}),
       prepack::contiguous_view<const std::int32_t, 2>(table.data(), {n, max_blocks}));
@@ -106,16 +107,17 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
   // pipeline must hold at its end (the plan, the layout, the block table and the pool).
   const std::size_t held = bytes(plan.length) + bytes(plan.row) + bytes(plan.offset) +
                            bytes(plan.fill) + bytes(plan.row_begin) + bytes(plan.row_prompts) +
-                           bytes(layout.tokens) + bytes(layout.positions) + bytes(layout.segments) +
-                           bytes(layout.row_begin) + bytes(layout.row_prompts) +
-                           bytes(layout.row_cu_seqlens) + bytes(layout.prompt_row) +
-                           bytes(layout.prompt_offset) + bytes(layout.prompt_length) +
-                           bytes(layout.last_token) + bytes(table) + bytes(pool);
+                           bytes(layout.parts().tokens) + bytes(layout.parts().positions) +
+                           bytes(layout.parts().segments) + bytes(layout.parts().row_begin) +
+                           bytes(layout.parts().row_prompts) + bytes(layout.parts().row_cu_seqlens) +
+                           bytes(layout.parts().prompt_row) + bytes(layout.parts().prompt_offset) +
+                           bytes(layout.parts().prompt_length) + bytes(layout.parts().prompt_context) +
+                           bytes(layout.parts().last_token) + bytes(table) + bytes(pool);
   const double ratio = static_cast<double>(g_peak.load() - base) / static_cast<double>(held);
   std::printf(
       "1e6 prompts, %zu tokens, %zu rows: peak working heap %.1f MiB for %.1f MiB of data held: "
       "%.3fx\n",
-      total, layout.n_rows, static_cast<double>(g_peak.load() - base) / 1048576.0,
+      total, layout.n_rows(), static_cast<double>(g_peak.load() - base) / 1048576.0,
       static_cast<double>(held) / 1048576.0, ratio);
   EXPECT_LE(ratio, 1.2);
 }

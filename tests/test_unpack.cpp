@@ -47,13 +47,13 @@ template <class T>
 std::vector<T> packed_source(const fixture& f, prepack::kv_order order) {
   const auto& l = f.layout;
   std::vector<T> buf(l.n_slots() * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
-  auto v = prepack::packed_view(buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
+  auto v = prepack::packed_view(buf.data(), order, l.n_rows(), l.width(), f.n_heads, f.head_dim);
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
+    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length()[i]); ++t) {
       for (std::size_t h = 0; h < f.n_heads; ++h) {
         for (std::size_t d = 0; d < f.head_dim; ++d) {
-          v(static_cast<std::size_t>(l.prompt_row[i]),
-            static_cast<std::size_t>(l.prompt_offset[i]) + t, h, d) = code<T>(i, t, h, d);
+          v(static_cast<std::size_t>(l.prompt_row()[i]),
+            static_cast<std::size_t>(l.prompt_offset()[i]) + t, h, d) = code<T>(i, t, h, d);
         }
       }
     }
@@ -76,14 +76,14 @@ TYPED_TEST(Unpack, PerPromptBuffersRoundTrip) {
          {prepack::kv_order::row_head_slot_dim, prepack::kv_order::row_slot_head_dim}) {
       const auto src_buf = packed_source<T>(f, order);
       const auto src =
-          prepack::packed_view(src_buf.data(), order, l.n_rows, l.width, f.n_heads, f.head_dim);
+          prepack::packed_view(src_buf.data(), order, l.n_rows(), l.width(), f.n_heads, f.head_dim);
       for (auto corder :
            {prepack::cache_order::position_head_dim, prepack::cache_order::head_position_dim}) {
         const std::size_t spare = trial % 4;  // capacity beyond the prompt, must stay untouched
         std::vector<std::vector<T>> bufs(l.n_prompts());
         std::vector<prepack::tensor_view<T, 3>> dst;
         for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-          const std::size_t cap = static_cast<std::size_t>(l.prompt_length[i]) + spare;
+          const std::size_t cap = static_cast<std::size_t>(l.prompt_length()[i]) + spare;
           bufs[i].assign(cap * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
           dst.push_back(prepack::prompt_view(bufs[i].data(), corder, cap, f.n_heads, f.head_dim));
         }
@@ -92,7 +92,7 @@ TYPED_TEST(Unpack, PerPromptBuffersRoundTrip) {
           for (std::size_t t = 0; t < dst[i].extent[0]; ++t) {
             for (std::size_t h = 0; h < f.n_heads; ++h) {
               for (std::size_t d = 0; d < f.head_dim; ++d) {
-                const T want = t < static_cast<std::size_t>(l.prompt_length[i])
+                const T want = t < static_cast<std::size_t>(l.prompt_length()[i])
                                    ? code<T>(i, t, h, d)
                                    : static_cast<T>(kSentinel);
                 ASSERT_EQ(dst[i](t, h, d), want) << "prompt " << i << " t " << t;
@@ -121,9 +121,9 @@ TYPED_TEST(Unpack, LeftPaddedBatchRoundTrips) {
     const auto& l = f.layout;
     const auto src_buf = packed_source<T>(f, prepack::kv_order::row_head_slot_dim);
     const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_head_slot_dim,
-                                          l.n_rows, l.width, f.n_heads, f.head_dim);
+                                          l.n_rows(), l.width(), f.n_heads, f.head_dim);
     const std::size_t longest =
-        static_cast<std::size_t>(*std::max_element(l.prompt_length.begin(), l.prompt_length.end()));
+        static_cast<std::size_t>(*std::max_element(l.prompt_length().begin(), l.prompt_length().end()));
     const std::size_t width = longest + trial % 3;
     std::vector<T> buf(l.n_prompts() * width * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
     // (prompt, slot, head, dim) over a [prompt][head][slot][dim] buffer.
@@ -133,7 +133,7 @@ TYPED_TEST(Unpack, LeftPaddedBatchRoundTrips) {
         {f.n_heads * width * f.head_dim, f.head_dim, width * f.head_dim, 1}};
     prepack::unpack_left_padded(l, src, dst);
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-      const std::size_t pad = width - static_cast<std::size_t>(l.prompt_length[i]);
+      const std::size_t pad = width - static_cast<std::size_t>(l.prompt_length()[i]);
       for (std::size_t s = 0; s < width; ++s) {
         for (std::size_t h = 0; h < f.n_heads; ++h) {
           for (std::size_t d = 0; d < f.head_dim; ++d) {
@@ -154,10 +154,10 @@ TYPED_TEST(Unpack, PagedPoolRoundTrips) {
     const auto& l = f.layout;
     const auto src_buf = packed_source<T>(f, prepack::kv_order::row_slot_head_dim);
     const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_slot_head_dim,
-                                          l.n_rows, l.width, f.n_heads, f.head_dim);
+                                          l.n_rows(), l.width(), f.n_heads, f.head_dim);
     const std::size_t block_size = 1 + rng() % 8;
     std::size_t need = 0, most = 0;
-    for (auto len : l.prompt_length) {
+    for (auto len : l.prompt_length()) {
       const std::size_t b = (static_cast<std::size_t>(len) + block_size - 1) / block_size;
       need += b;
       most = std::max(most, b);
@@ -171,7 +171,7 @@ TYPED_TEST(Unpack, PagedPoolRoundTrips) {
     std::size_t next = 0;
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
       const std::size_t b =
-          (static_cast<std::size_t>(l.prompt_length[i]) + block_size - 1) / block_size;
+          (static_cast<std::size_t>(l.prompt_length()[i]) + block_size - 1) / block_size;
       for (std::size_t k = 0; k < b; ++k) table[i * max_blocks + k] = ids[next++];
     }
     std::vector<T> pool_buf(n_blocks * block_size * f.n_heads * f.head_dim,
@@ -187,7 +187,7 @@ TYPED_TEST(Unpack, PagedPoolRoundTrips) {
     // Read every element of the pool: each is either the sentinel or exactly one token's value.
     std::size_t written = 0;
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-      for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
+      for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length()[i]); ++t) {
         const auto blk = static_cast<std::size_t>(table[i * max_blocks + t / block_size]);
         for (std::size_t h = 0; h < f.n_heads; ++h) {
           for (std::size_t d = 0; d < f.head_dim; ++d) {
@@ -213,10 +213,10 @@ TYPED_TEST(Unpack, GatherLastRows) {
     // (flat slot, feature): the feature is the code of the slot's token.
     std::vector<T> src(l.n_slots() * features, static_cast<T>(kSentinel));
     for (std::size_t s = 0; s < l.n_slots(); ++s) {
-      if (l.segments[s] < 0) continue;
+      if (l.segments()[s] < 0) continue;
       for (std::size_t x = 0; x < features; ++x) {
-        src[s * features + x] = code<T>(static_cast<std::size_t>(l.segments[s]),
-                                        static_cast<std::size_t>(l.positions[s]), 0, x);
+        src[s * features + x] = code<T>(static_cast<std::size_t>(l.segments()[s]),
+                                        static_cast<std::size_t>(l.positions()[s]), 0, x);
       }
     }
     std::vector<T> out(l.n_prompts() * features, static_cast<T>(kSentinel));
@@ -226,7 +226,7 @@ TYPED_TEST(Unpack, GatherLastRows) {
     for (std::size_t i = 0; i < l.n_prompts(); ++i) {
       for (std::size_t x = 0; x < features; ++x) {
         ASSERT_EQ(out[i * features + x],
-                  code<T>(i, static_cast<std::size_t>(l.prompt_length[i]) - 1, 0, x));
+                  code<T>(i, static_cast<std::size_t>(l.prompt_length()[i]) - 1, 0, x));
       }
     }
   }
@@ -241,7 +241,7 @@ struct bad_input : ::testing::Test {
   std::size_t heads = 2, dim = 3;
   std::vector<float> src_buf = std::vector<float>(l.n_slots() * heads * dim, 1.0f);
   prepack::tensor_view<const float, 4> src = prepack::packed_view<const float>(
-      src_buf.data(), prepack::kv_order::row_head_slot_dim, l.n_rows, l.width, heads, dim);
+      src_buf.data(), prepack::kv_order::row_head_slot_dim, l.n_rows(), l.width(), heads, dim);
   std::vector<float> dst_buf = std::vector<float>(1000, 9.0f);
 
   void expect_untouched() { EXPECT_EQ(dst_buf, std::vector<float>(1000, 9.0f)); }
@@ -257,14 +257,14 @@ struct bad_input : ::testing::Test {
 
 TEST_F(bad_input, SourceFromAnotherBatch) {
   auto other = src;
-  other.extent[0] = l.n_rows + 1;
+  other.extent[0] = l.n_rows() + 1;
   EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, other, prompt_views(5)), "another batch");
   expect_untouched();
 }
 
 TEST_F(bad_input, PromptDestinationTooShort) {
   EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, prompt_views(4)),
-                       "prompt 0: destination holds 4 positions, length is 5");
+                       "prompt 0: destination holds 4 positions, the prompt needs 5");
   auto views = prompt_views(5);
   views.pop_back();
   EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, views), "2 views for 3 prompts");
@@ -284,7 +284,8 @@ TEST_F(bad_input, OverlappingStridesAndBuffers) {
   EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, views), "overlapping strides");
   auto shared = prompt_views(5);
   shared[1].data = shared[0].data + 3;  // two prompts in one buffer
-  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, shared), "overlap in memory");
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, shared),
+                       "two destinations write the same element");
   prepack::tensor_view<float, 4> batch{dst_buf.data(), {3, 5, heads, dim}, {30, 3, 1, 1}};
   EXPECT_PREPACK_ERROR(prepack::unpack_left_padded(l, src, batch), "overlapping strides");
   expect_untouched();
@@ -309,12 +310,12 @@ TEST_F(bad_input, BlockTables) {
   EXPECT_PREPACK_ERROR(
       prepack::unpack_paged(l, src, pool,
                             prepack::contiguous_view<const int, 2>(dup.data(), {3, 3})),
-      "prompt 1: block 1 is already used by prompt 0");
+      "prompt 1: block 1 is already written by prompt 0");
   const std::vector<int> range{0, 1, 2, 3, 4, -1, 6, -1, -1};
   EXPECT_PREPACK_ERROR(
       prepack::unpack_paged(l, src, pool,
                             prepack::contiguous_view<const int, 2>(range.data(), {3, 3})),
-      "prompt 2: block_table[2][0] = 6 outside 0..5");
+      "prompt 2: block_table[2][0] = 6 outside the pool's blocks 0..5");
   const std::vector<int> neg{0, 1, -3, 3, 4, -1, 5, -1, -1};
   EXPECT_PREPACK_ERROR(
       prepack::unpack_paged(l, src, pool,
@@ -322,7 +323,7 @@ TEST_F(bad_input, BlockTables) {
       "block_table[0][2] = -3");
   EXPECT_PREPACK_ERROR(prepack::unpack_paged(
                            l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {3, 2})),
-                       "prompt 0: length 5 needs 3 blocks of 2, the block table has 2");
+                       "prompt 0: positions up to 5 need 3 blocks of 2, the block table has 2");
   EXPECT_PREPACK_ERROR(prepack::unpack_paged(
                            l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {2, 3})),
                        "block table: 2 rows for 3 prompts");
@@ -344,6 +345,149 @@ TEST_F(bad_input, GatherLast) {
       prepack::gather_last(l, wrong, prepack::contiguous_view<float, 2>(dst_buf.data(), {3, 4})),
       "another batch");
   expect_untouched();
+}
+
+// Destinations are told apart by the elements they write, not by address ranges: a
+// [max_len][batch][heads][dim] cache seen prompt by prompt interleaves the prompts' views
+// without sharing an element (accepted), while views that share an element only past a
+// prompt's length are fine and views that share a written element are refused.
+TEST_F(bad_input, OverlapIsDecidedByTheElementsWritten) {
+  const std::size_t max_len = 5, batch = l.n_prompts();
+  std::vector<float> cache(max_len * batch * heads * dim, 9.0f);
+  std::vector<prepack::tensor_view<float, 3>> interleaved;
+  for (std::size_t i = 0; i < batch; ++i) {
+    interleaved.push_back({cache.data() + i * heads * dim,
+                           {max_len, heads, dim},
+                           {batch * heads * dim, dim, 1}});
+  }
+  EXPECT_NO_THROW(prepack::unpack_prompts(l, src, interleaved));
+  EXPECT_EQ(std::count(cache.begin(), cache.end(), 9.0f),
+            static_cast<long>(cache.size() - l.useful_tokens() * heads * dim));
+  // Prompt 2 (2 tokens) and prompt 1 (3 tokens) in one contiguous buffer, prompt 2's view
+  // starting where prompt 1's third position would be had it a capacity of 5: they overlap in
+  // range but not in what is written...
+  auto views = prompt_views(5);
+  for (auto& v : views) v = prepack::prompt_view(v.data, prepack::cache_order::position_head_dim, 5, heads, dim);
+  views[2].data = views[1].data + 3 * heads * dim;
+  EXPECT_NO_THROW(prepack::unpack_prompts(l, src, views));
+  // ...until prompt 2 starts one position earlier, on prompt 1's last written token.
+  std::fill(dst_buf.begin(), dst_buf.end(), 9.0f);
+  views[2].data = views[1].data + 2 * heads * dim;
+  EXPECT_PREPACK_ERROR(prepack::unpack_prompts(l, src, views), "two destinations write the same");
+  expect_untouched();
+}
+
+// K and V of every layer in one call, converted to half or bfloat16 on the way (rounding to
+// nearest even), equal to the per-layer float copy converted element by element.
+template <class H>
+void expect_all_layers_convert(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 40; ++trial) {
+    const fixture f = random_fixture(rng, trial);
+    const auto& l = f.layout;
+    const std::size_t n_layers = 1 + rng() % 3, heads = f.n_heads, dim = f.head_dim;
+    std::vector<float> kbuf(n_layers * l.n_slots() * heads * dim), vbuf(kbuf.size());
+    std::uniform_real_distribution<float> u(-3, 3);
+    for (auto& x : kbuf) x = u(rng);
+    for (auto& x : vbuf) x = u(rng);
+    const auto view5 = [&](const std::vector<float>& b) {
+      return prepack::contiguous_view<const float, 5>(b.data(),
+                                                      {n_layers, l.n_rows(), l.width(), heads, dim});
+    };
+    const prepack::packed_kv<const float> src{view5(kbuf), view5(vbuf)};
+    // A paged pool per K and V: (layer, block, offset, head, dim), one block per prompt.
+    const std::size_t bs = static_cast<std::size_t>(
+        *std::max_element(l.prompt_length().begin(), l.prompt_length().end()));
+    const std::size_t n_blocks = l.n_prompts() + 2;
+    std::vector<H> kpool(n_layers * n_blocks * bs * heads * dim, H(-1.0f)), vpool(kpool);
+    std::vector<int> table(l.n_prompts());
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int>(n_blocks - 1 - i);
+    const auto pool5 = [&](std::vector<H>& b) {
+      return prepack::contiguous_view<H, 5>(b.data(), {n_layers, n_blocks, bs, heads, dim});
+    };
+    prepack::unpack_paged(l, src, pool5(kpool), pool5(vpool),
+                          prepack::contiguous_view<const int, 2>(table.data(), {l.n_prompts(), 1}));
+    const auto kp = pool5(kpool), vp = pool5(vpool);
+    for (std::size_t layer = 0; layer < n_layers; ++layer) {
+      for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+        for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length()[i]); ++t) {
+          const std::size_t slot = l.first_slot(i) + t;
+          for (std::size_t h = 0; h < heads; ++h) {
+            for (std::size_t d = 0; d < dim; ++d) {
+              const std::size_t e = ((layer * l.n_slots() + slot) * heads + h) * dim + d;
+              const auto blk = static_cast<std::size_t>(table[i]);
+              ASSERT_EQ(kp(layer, blk, t, h, d).bits, H(kbuf[e]).bits);
+              ASSERT_EQ(vp(layer, blk, t, h, d).bits, H(vbuf[e]).bits);
+            }
+          }
+        }
+      }
+    }
+    // The two spare blocks stay untouched.
+    for (std::size_t layer = 0; layer < n_layers; ++layer) {
+      for (std::size_t blk = 0; blk < 2; ++blk) {
+        for (std::size_t o = 0; o < bs; ++o) {
+          ASSERT_EQ(static_cast<float>(kp(layer, blk, o, 0, 0)), -1.0f);
+        }
+      }
+    }
+    // K and V in one and the same pool are refused: they would write the same elements.
+    EXPECT_PREPACK_ERROR(
+        prepack::unpack_paged(l, src, pool5(kpool), pool5(kpool),
+                              prepack::contiguous_view<const int, 2>(table.data(), {l.n_prompts(), 1})),
+        "key and value pools: two destinations write the same element");
+  }
+}
+
+TEST(UnpackAllLayers, PagedHalfPool) { expect_all_layers_convert<prepack::half>(3); }
+TEST(UnpackAllLayers, PagedBFloat16Pool) { expect_all_layers_convert<prepack::bfloat16>(4); }
+
+// A slot mapping, built and checked once, writes every layer through write_slots; chunks that
+// continue a context land after it.
+TEST(SlotMapping, WritesEachLayerThroughTheMapping) {
+  const std::vector<int> len{3, 2};
+  const std::vector<long long> context{4, 0};  // prompt 0 continues 4 cached tokens
+  const auto plan = prepack::first_fit_decreasing(len, 4);  // rows: 3 + pad | 2 + pads
+  const auto l = prepack::make_layout(plan, prepack::span<const int>(std::vector<int>{1, 2, 3, 4, 5}),
+                                      prepack::span<const long long>(context));
+  const std::size_t bs = 2, n_blocks = 8, heads = 1, dim = 2;
+  // prompt 0: positions 4..6 -> blocks 2, 3 (entries 2 and 3 of its table); prompt 1: block 5.
+  const std::vector<int> table{0, 1, 6, 7, 5, -1, -1, -1};
+  const auto m = prepack::make_slot_mapping(
+      l, prepack::contiguous_view<const int, 2>(table.data(), {2, 4}), n_blocks, bs);
+  std::vector<std::int64_t> want(l.n_slots(), -1);
+  want[l.first_slot(0) + 0] = 6 * 2 + 0;  // position 4: block table[0][2] = 6, offset 0
+  want[l.first_slot(0) + 1] = 6 * 2 + 1;
+  want[l.first_slot(0) + 2] = 7 * 2 + 0;  // position 6
+  want[l.first_slot(1) + 0] = 5 * 2 + 0;
+  want[l.first_slot(1) + 1] = 5 * 2 + 1;
+  EXPECT_EQ(std::vector<std::int64_t>(m.slots().begin(), m.slots().end()), want);
+  std::vector<float> src(l.n_slots() * heads * dim);
+  std::iota(src.begin(), src.end(), 1.0f);
+  std::vector<double> pool(n_blocks * bs * heads * dim, 0.0);
+  prepack::write_slots(m, prepack::contiguous_view<const float, 3>(src.data(), {l.n_slots(), heads, dim}),
+                       prepack::contiguous_view<double, 4>(pool.data(), {n_blocks, bs, heads, dim}));
+  for (std::size_t s = 0; s < l.n_slots(); ++s) {
+    if (want[s] < 0) continue;
+    const auto p = static_cast<std::size_t>(want[s]);
+    EXPECT_EQ(pool[p * dim], src[s * dim]);
+    EXPECT_EQ(pool[p * dim + 1], src[s * dim + 1]);
+  }
+  EXPECT_EQ(std::count(pool.begin(), pool.end(), 0.0), static_cast<long>(pool.size() - 10));
+  // Errors: a pool of another shape; a mapping with a slot twice or out of range.
+  EXPECT_PREPACK_ERROR(
+      prepack::write_slots(m, prepack::contiguous_view<const float, 3>(src.data(), {l.n_slots(), heads, dim}),
+                           prepack::contiguous_view<double, 4>(pool.data(), {4, 4, heads, dim})),
+      "paged pool: 4 blocks of 4, the slot mapping was built for 8 of 2");
+  EXPECT_PREPACK_ERROR(prepack::slot_mapping::from_slots({3, -1, 3}, 4, 2),
+                       "token 2: slot 3 is also written by token 0");
+  EXPECT_PREPACK_ERROR(prepack::slot_mapping::from_slots({3, 8}, 4, 2),
+                       "token 1: slot 8 outside the pool's 8 slots");
+  EXPECT_PREPACK_ERROR(prepack::slot_mapping::from_slots({0}, 0, 2), "the pool has no blocks");
+  const std::vector<int> empty_pool{0};
+  EXPECT_PREPACK_ERROR(prepack::make_slot_mapping(
+                           l, prepack::contiguous_view<const int, 2>(empty_pool.data(), {1, 1}), 0, 2),
+                       "paged pool: the pool has no blocks");
 }
 
 }  // namespace

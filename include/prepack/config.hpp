@@ -1,15 +1,22 @@
 // prepack/config.hpp - version, namespace and assertion macros shared by every header.
+//
+// The version is written here and nowhere else: CMake reads it from this file, and the inline
+// namespace is derived from it.
 #pragma once
 
 #define PREPACK_VERSION_MAJOR 0
-#define PREPACK_VERSION_MINOR 1
+#define PREPACK_VERSION_MINOR 2
 #define PREPACK_VERSION_PATCH 0
 
-// Every symbol lives in an inline namespace named after the version, so two copies of this
-// header-only library of different versions in one program cannot clash at link time.
+#define PREPACK_DETAIL_NS_CAT(major, minor) v##major##_##minor
+#define PREPACK_DETAIL_NS(major, minor) PREPACK_DETAIL_NS_CAT(major, minor)
+/// The inline namespace of this version (v0_2): two copies of this header-only library of
+/// different versions in one program cannot clash at link time.
+#define PREPACK_INLINE_NAMESPACE PREPACK_DETAIL_NS(PREPACK_VERSION_MAJOR, PREPACK_VERSION_MINOR)
+
 #define PREPACK_NAMESPACE_BEGIN \
   namespace prepack {           \
-  inline namespace v0_1 {
+  inline namespace PREPACK_INLINE_NAMESPACE {
 #define PREPACK_NAMESPACE_END \
   }                           \
   }
@@ -19,4 +26,14 @@
 #ifndef PREPACK_ASSERT
 #include <cassert>
 #define PREPACK_ASSERT(cond) assert(cond)
+#endif
+
+// PREPACK_OMP(directive) is `#pragma omp directive` when the translation unit is built with
+// OpenMP and nothing otherwise, so the headers compile cleanly under -Wunknown-pragmas -Werror
+// without it.
+#ifdef _OPENMP
+#define PREPACK_DETAIL_PRAGMA(x) _Pragma(#x)
+#define PREPACK_OMP(directive) PREPACK_DETAIL_PRAGMA(omp directive)
+#else
+#define PREPACK_OMP(directive)
 #endif

@@ -1,13 +1,15 @@
-// prepack/prepack.hpp - the whole standard-library-only API: planner, layouts, masks and
-// engine formats, unpacker. The reference model (Eigen) is separate:
-// prepack/reference/model.hpp.
+// prepack/prepack.hpp - the whole standard-library-only API: planner, layouts, masks, engine
+// formats, unpacker. Synthetic workloads and the prompt-file reader (prepack/workload.hpp) are
+// for demos and benchmarks and are not included here; the reference model (Eigen) is separate:
+// prepack/reference.hpp.
 #pragma once
 
 #include "config.hpp"
+#include "engine.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 #include "mask.hpp"
+#include "numeric.hpp"
 #include "plan.hpp"
 #include "span.hpp"
 #include "unpack.hpp"
-#include "workload.hpp"

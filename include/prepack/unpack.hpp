@@ -3,23 +3,36 @@
 //
 // Source: any per-token tensor of the packed batch seen as (row, slot, head, dim), whatever its
 // physical layout ([n_rows][n_heads][width][head_dim], [n_rows][width][n_heads][head_dim], or
-// any strides). Destinations: one buffer per prompt, a left-padded decode batch, a paged KV
-// pool through a block table; gather_last picks each prompt's last-token row.
-// Cost: O(useful tokens * n_heads * head_dim) copies, O(n_prompts) checks, no allocation
-// (except the overlap check of per-prompt destinations: O(n_prompts)). Every function checks all
-// of its input first and throws prepack::error without writing anything.
+// any strides); with a leading layer dimension, K and V of every layer in one call.
+// Destinations: one buffer per prompt, a left-padded decode batch, a paged KV pool through a
+// block table (vLLM style); gather_last picks each prompt's last-token row. Destinations may
+// hold float, double, prepack::half or prepack::bfloat16: the copy converts, rounding to
+// nearest even, as engines' cache kernels do.
+//
+// Engines that write KV layer by layer as the forward pass produces it build a slot_mapping
+// once (one pool slot per layout slot, -1 for pad slots, checked once) and call write_slots
+// per layer: O(1) checks per call, no allocation.
+//
+// Cost: O(useful tokens * n_heads * head_dim) copies per layer and K/V; the checks are
+// O(n_prompts) plus, for destinations that could overlap (several views, or K and V), a sort of
+// the contiguous runs they write: O(r log r) with r the number of runs, computed once per call
+// whatever the number of layers. Every function checks all of its input first and throws
+// prepack::error without writing anything.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "detail/checked.hpp"
 #include "error.hpp"
 #include "layout.hpp"
+#include "numeric.hpp"
 #include "span.hpp"
 
 PREPACK_NAMESPACE_BEGIN
@@ -60,14 +73,27 @@ tensor_view<T, 3> prompt_view(T* data, cache_order order, std::size_t capacity, 
   return {data, {capacity, n_heads, head_dim}, {n_heads * head_dim, head_dim, 1}};
 }
 
+/// A view with one more leading dimension of extent 1: a single layer seen as a stack of one.
+template <class T, std::size_t R>
+tensor_view<T, R + 1> one_layer(const tensor_view<T, R>& v) {
+  tensor_view<T, R + 1> out{v.data, {}, {}};
+  out.extent[0] = 1;
+  out.stride[0] = 0;
+  for (std::size_t d = 0; d < R; ++d) {
+    out.extent[d + 1] = v.extent[d];
+    out.stride[d + 1] = v.stride[d];
+  }
+  return out;
+}
+
 namespace detail {
 
-// The source seen read-only; its element type must be the destination's.
-template <class T, class S, std::size_t R>
-tensor_view<const T, R> as_const(const tensor_view<S, R>& v) {
-  static_assert(std::is_same_v<std::remove_const_t<S>, T>,
-                "source and destination element types differ");
-  return {v.data, v.extent, v.stride};
+template <class T, std::size_t R>
+bool empty_view(const tensor_view<T, R>& v) {
+  for (std::size_t e : v.extent) {
+    if (e == 0) return true;
+  }
+  return false;
 }
 
 // Offset of the last element a view can reach, checked against size_t overflow.
@@ -81,16 +107,8 @@ std::size_t reach(const tensor_view<T, R>& v, const char* what) {
   return off;
 }
 
-template <class T, std::size_t R>
-bool empty_view(const tensor_view<T, R>& v) {
-  for (std::size_t e : v.extent) {
-    if (e == 0) return true;
-  }
-  return false;
-}
-
 // Checks a view is addressable, and for a destination that no two indices share an element
-// (sufficient test: sorted by stride, each stride exceeds the reach of all smaller ones).
+// (sorted by stride, each stride exceeds the reach of all smaller ones).
 template <class T, std::size_t R>
 void check_view(const tensor_view<T, R>& v, const char* what, bool destination) {
   if (empty_view(v)) return;
@@ -110,90 +128,264 @@ void check_view(const tensor_view<T, R>& v, const char* what, bool destination) 
   }
 }
 
-template <class S, class Token, class Index>
-void check_source(const tensor_view<const S, 4>& src, const packed_layout<Token, Index>& l) {
-  check_view(src, "source", false);
-  require(src.extent[0] == l.n_rows && src.extent[1] == l.width, "source: ", src.extent[0],
-          " rows x ", src.extent[1], " slots, but the layout has ", l.n_rows, " x ", l.width,
-          " (a layout from another batch?)");
-  require(l.prompt_row.size() == l.n_prompts() && l.prompt_offset.size() == l.n_prompts() &&
-              l.last_token.size() == l.n_prompts(),
-          "layout: per-prompt tables have inconsistent sizes");
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const Index row = l.prompt_row[i], off = l.prompt_offset[i], len = l.prompt_length[i];
-    require(row >= 0 && static_cast<std::size_t>(row) < l.n_rows && off >= 0 && len > 0 &&
-                static_cast<std::size_t>(off) + static_cast<std::size_t>(len) <= l.width,
-            "layout: prompt ", i, " (row ", row, ", offset ", off, ", length ", len,
-            ") lies outside ", l.n_rows, " rows of width ", l.width);
+// The memory a destination writes, as contiguous runs of elements: [first, last] addresses.
+// Overlap between destinations is decided on these, the elements actually written, so views
+// that interleave without sharing an element ([max_len][batch][heads][dim] seen prompt by
+// prompt) are accepted and views that share one are refused.
+class written_runs {
+ public:
+  // Adds the elements of view v at indices [lo[d], lo[d] + count[d]) in every dimension d.
+  template <class T, std::size_t R>
+  void add(const tensor_view<T, R>& v, const std::array<std::size_t, R>& lo,
+           const std::array<std::size_t, R>& count) {
+    for (std::size_t c : count) {
+      if (c == 0) return;
+    }
+    boxes_.push_back([v, lo, count](std::vector<run>& out) { enumerate(v, lo, count, out); });
+    std::size_t first = 0, last = 0;
+    for (std::size_t d = 0; d < R; ++d) {
+      first += lo[d] * v.stride[d];
+      last += (lo[d] + count[d] - 1) * v.stride[d];
+    }
+    const auto start = reinterpret_cast<std::uintptr_t>(v.data);
+    ranges_.emplace_back(start + first * sizeof(T), start + (last + 1) * sizeof(T) - 1);
   }
-}
 
-template <class T, std::size_t R>
-void check_heads(const tensor_view<const T, 4>& src, const tensor_view<T, R>& dst,
-                 const char* what) {
-  require(dst.extent[R - 2] == src.extent[2] && dst.extent[R - 1] == src.extent[3], what, ": ",
-          dst.extent[R - 2], " heads x ", dst.extent[R - 1], " dims, the source has ",
-          src.extent[2], " x ", src.extent[3]);
-}
+  // Throws naming `what` if two of the boxes added share an element. When their address
+  // ranges are disjoint (separate buffers: the common case) that is all it takes; otherwise the
+  // runs of every box are enumerated and compared.
+  void require_disjoint(const char* what) {
+    if (disjoint(ranges_)) return;
+    std::vector<run> runs;
+    for (const auto& box : boxes_) box(runs);
+    require(disjoint(runs), what, ": two destinations write the same element");
+  }
 
-// Copies one token's (head, dim) block.
-template <class T, class D>
-void copy_token(const T* s, std::size_t s_head, std::size_t s_dim, D* d, std::size_t d_head,
-                std::size_t d_dim, std::size_t n_heads, std::size_t head_dim) {
-  for (std::size_t h = 0; h < n_heads; ++h) {
-    const T* sh = s + h * s_head;
-    D* dh = d + h * d_head;
-    if (s_dim == 1 && d_dim == 1) {
-      std::copy(sh, sh + head_dim, dh);
-    } else {
-      for (std::size_t k = 0; k < head_dim; ++k) dh[k * d_dim] = sh[k * s_dim];
+ private:
+  using run = std::pair<std::uintptr_t, std::uintptr_t>;  // first and last byte
+
+  static bool disjoint(std::vector<run>& runs) {
+    std::sort(runs.begin(), runs.end());
+    for (std::size_t k = 1; k < runs.size(); ++k) {
+      if (runs[k].first <= runs[k - 1].second) return false;
+    }
+    return true;
+  }
+
+  template <class T, std::size_t R>
+  static void enumerate(const tensor_view<T, R>& v, const std::array<std::size_t, R>& lo,
+                        const std::array<std::size_t, R>& count, std::vector<run>& out) {
+    std::array<std::size_t, R> dims;
+    std::iota(dims.begin(), dims.end(), std::size_t{0});
+    std::sort(dims.begin(), dims.end(),
+              [&](std::size_t a, std::size_t b) { return v.stride[a] < v.stride[b]; });
+    // Merge the innermost dimensions while each continues the previous one's run.
+    std::size_t len = 1, merged = 0;
+    for (std::size_t d : dims) {
+      if (count[d] == 1) {
+        ++merged;
+        continue;
+      }
+      if (v.stride[d] != len) break;
+      len *= count[d];
+      ++merged;
+    }
+    std::size_t base = 0;
+    for (std::size_t d = 0; d < R; ++d) base += lo[d] * v.stride[d];
+    std::array<std::size_t, R> idx{};
+    const auto start = reinterpret_cast<std::uintptr_t>(v.data);
+    for (;;) {
+      std::size_t off = base;
+      for (std::size_t k = merged; k < R; ++k) off += idx[k] * v.stride[dims[k]];
+      out.emplace_back(start + off * sizeof(T), start + (off + len) * sizeof(T) - 1);
+      std::size_t k = merged;
+      for (; k < R; ++k) {
+        if (++idx[k] < count[dims[k]]) break;
+        idx[k] = 0;
+      }
+      if (k == R) break;
+    }
+  }
+
+  std::vector<run> ranges_;
+  std::vector<std::function<void(std::vector<run>&)>> boxes_;
+};
+
+// Checks a block table for a layout over a pool of n_blocks blocks of block_size: enough
+// entries for every prompt's positions, entries in range for the blocks it writes, and no block
+// written by two prompts (or twice by one). Allocates one word per block.
+template <class B, class Token, class Index>
+void check_block_table(const packed_layout<Token, Index>& l, const tensor_view<B, 2>& block_table,
+                       std::size_t n_blocks, std::size_t block_size) {
+  static_assert(std::is_integral_v<B>, "block ids must be integers");
+  require(block_size > 0, "paged pool: block size 0");
+  require(n_blocks > 0, "paged pool: the pool has no blocks");
+  check_view(block_table, "block table", false);
+  require(block_table.extent[0] >= l.n_prompts(), "block table: ", block_table.extent[0],
+          " rows for ", l.n_prompts(), " prompts");
+  constexpr std::size_t unused = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> owner(n_blocks, unused);  // [n_blocks]  prompt writing each block
+  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+    const auto ctx = static_cast<std::size_t>(l.prompt_context()[i]);
+    const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
+    const std::size_t need = (ctx + len + block_size - 1) / block_size;
+    require(need <= block_table.extent[1], "prompt ", i, ": positions up to ", ctx + len, " need ",
+            need, " blocks of ", block_size, ", the block table has ", block_table.extent[1]);
+    for (std::size_t k = ctx / block_size; k < need; ++k) {
+      const B id = block_table(i, k);
+      require(!is_negative(id) && static_cast<std::size_t>(id) < n_blocks, "prompt ", i,
+              ": block_table[", i, "][", k, "] = ", id, " outside the pool's blocks 0..",
+              n_blocks - 1);
+      std::size_t& who = owner[static_cast<std::size_t>(id)];
+      require(who == unused, "prompt ", i, ": block ", id, " is already written by prompt ", who);
+      who = i;
     }
   }
 }
+
+template <class B, class Token, class Index>
+std::size_t pool_slot(const packed_layout<Token, Index>& l, const tensor_view<B, 2>& block_table,
+                      std::size_t block_size, std::size_t i, std::size_t t) {
+  const std::size_t pos = static_cast<std::size_t>(l.prompt_context()[i]) + t;
+  return static_cast<std::size_t>(block_table(i, pos / block_size)) * block_size + pos % block_size;
+}
+
+// The source must be (layer, row, slot, head, dim) over this layout.
+template <class S, class Token, class Index>
+void check_source(const tensor_view<S, 5>& src, const packed_layout<Token, Index>& l,
+                  const char* what) {
+  check_view(src, what, false);
+  require(src.extent[1] == l.n_rows() && src.extent[2] == l.width(), what, ": ", src.extent[1],
+          " rows x ", src.extent[2], " slots, but the layout has ", l.n_rows(), " x ", l.width(),
+          " (a layout from another batch?)");
+}
+
+template <class S, class T, std::size_t R>
+void check_heads(const tensor_view<S, 5>& src, const tensor_view<T, R>& dst, const char* what) {
+  require(dst.extent[0] == src.extent[0], what, ": ", dst.extent[0], " layers, the source has ",
+          src.extent[0]);
+  require(dst.extent[R - 2] == src.extent[3] && dst.extent[R - 1] == src.extent[4], what, ": ",
+          dst.extent[R - 2], " heads x ", dst.extent[R - 1], " dims, the source has ", src.extent[3],
+          " x ", src.extent[4]);
+}
+
+// Copies one token's (head, dim) block, converting to the destination's element type.
+template <class S, class D>
+void copy_token(const S* s, std::size_t s_head, std::size_t s_dim, D* d, std::size_t d_head,
+                std::size_t d_dim, std::size_t n_heads, std::size_t head_dim) {
+  for (std::size_t h = 0; h < n_heads; ++h) {
+    const S* sh = s + h * s_head;
+    D* dh = d + h * d_head;
+    if constexpr (std::is_same_v<std::remove_const_t<S>, D>) {
+      if (s_dim == 1 && d_dim == 1) {
+        std::copy(sh, sh + head_dim, dh);
+      } else {
+        for (std::size_t k = 0; k < head_dim; ++k) dh[k * d_dim] = sh[k * s_dim];
+      }
+    } else {
+      for (std::size_t k = 0; k < head_dim; ++k) {
+        dh[k * d_dim] = convert_to<D>(to_float(sh[k * s_dim]));
+      }
+    }
+  }
+}
+
+// Scatters every layer of src into dst: dst_of(layer, prompt, t) is the destination of token t
+// of prompt `prompt` in `layer`, as a (pointer, head stride, dim stride) triple. Checked already.
+template <class S, class Token, class Index, class Dst>
+void scatter(const packed_layout<Token, Index>& l, const tensor_view<S, 5>& src, Dst&& dst_of) {
+  for (std::size_t layer = 0; layer < src.extent[0]; ++layer) {
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      const auto row = static_cast<std::size_t>(l.prompt_row()[i]);
+      const auto off = static_cast<std::size_t>(l.prompt_offset()[i]);
+      for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length()[i]); ++t) {
+        const auto [d, d_head, d_dim] = dst_of(layer, i, t);
+        copy_token(&src(layer, row, off + t, 0, 0), src.stride[3], src.stride[4], d, d_head, d_dim,
+                   src.extent[3], src.extent[4]);
+      }
+    }
+  }
+}
+
+template <class T>
+struct token_dst {
+  T* data;
+  std::size_t head_stride, dim_stride;
+};
 
 }  // namespace detail
 
-/// Scatters src (row, slot, head, dim) into one view per prompt, dst[i] seen as (position,
-/// head, dim): token t of prompt i lands at dst[i](t, h, d). Positions past the prompt's length
-/// are left as they are. Throws prepack::error, writing nothing, if the source does not match
-/// the layout, dst.size() != n_prompts, a view is shorter than its prompt, heads or dims differ,
-/// a view's strides overlap, or two prompts' views overlap in memory.
+/// K and V of every layer of a packed prefill, each seen as (layer, row, slot, head, dim).
+template <class S>
+struct packed_kv {
+  tensor_view<S, 5> k, v;
+};
+
+/// Scatters K and V of every layer into one destination per prompt: k_dst[i] and v_dst[i]
+/// seen as (layer, position, head, dim); token t of prompt i lands at position
+/// prompt_context[i] + t (a chunk continues its prompt's cache). Positions outside are left as
+/// they are. Throws prepack::error, writing nothing, if the source does not match the layout,
+/// a destination count differs from n_prompts, a view has too few layers or positions, heads or
+/// dims differ, a view's strides overlap, or two destinations (of two prompts, or a K and a V)
+/// write the same element.
 template <class T, class S, class Token, class Index>
-void unpack_prompts(const packed_layout<Token, Index>& l, tensor_view<S, 4> source,
+void unpack_prompts(const packed_layout<Token, Index>& l, const packed_kv<S>& src,
+                    span<const tensor_view<T, 4>> k_dst, span<const tensor_view<T, 4>> v_dst) {
+  detail::check_source(src.k, l, "keys");
+  detail::check_source(src.v, l, "values");
+  detail::require(src.k.extent == src.v.extent, "keys and values differ in shape");
+  detail::written_runs runs;
+  for (const auto* dst : {&k_dst, &v_dst}) {
+    detail::require(dst->size() == l.n_prompts(), "destinations: ", dst->size(), " views for ",
+                    l.n_prompts(), " prompts");
+    for (std::size_t i = 0; i < dst->size(); ++i) {
+      const tensor_view<T, 4>& d = (*dst)[i];
+      const auto ctx = static_cast<std::size_t>(l.prompt_context()[i]);
+      const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
+      detail::require(d.extent[1] >= ctx + len, "prompt ", i, ": destination holds ", d.extent[1],
+                      " positions, the prompt needs ", ctx + len);
+      detail::check_heads(src.k, d, "prompt destination");
+      detail::check_view(d, "prompt destination", true);
+      runs.add(d, {0, ctx, 0, 0}, {d.extent[0], len, d.extent[2], d.extent[3]});
+    }
+  }
+  runs.require_disjoint("prompt destinations");
+  const auto into = [&](span<const tensor_view<T, 4>> dst) {
+    return [&l, dst](std::size_t layer, std::size_t i, std::size_t t) {
+      const tensor_view<T, 4>& d = dst[i];
+      const std::size_t pos = static_cast<std::size_t>(l.prompt_context()[i]) + t;
+      return detail::token_dst<T>{&d(layer, pos, 0, 0), d.stride[2], d.stride[3]};
+    };
+  };
+  detail::scatter(l, src.k, into(k_dst));
+  detail::scatter(l, src.v, into(v_dst));
+}
+
+/// One layer: src (row, slot, head, dim) into one view per prompt, dst[i] seen as (position,
+/// head, dim). Same placement and errors as above.
+template <class T, class S, class Token, class Index>
+void unpack_prompts(const packed_layout<Token, Index>& l, tensor_view<S, 4> src,
                     span<const tensor_view<T, 3>> dst) {
-  const tensor_view<const T, 4> src = detail::as_const<T>(source);
-  detail::check_source(src, l);
+  const tensor_view<S, 5> s = one_layer(src);
+  detail::check_source(s, l, "source");
   detail::require(dst.size() == l.n_prompts(), "destinations: ", dst.size(), " views for ",
                   l.n_prompts(), " prompts");
-  std::vector<std::pair<const T*, const T*>> ranges;  // [n_prompts]  first and last element written
-  ranges.reserve(dst.size());
+  detail::written_runs runs;
   for (std::size_t i = 0; i < dst.size(); ++i) {
-    const std::size_t len = static_cast<std::size_t>(l.prompt_length[i]);
-    detail::require(dst[i].extent[0] >= len, "prompt ", i, ": destination holds ", dst[i].extent[0],
-                    " positions, length is ", len);
-    detail::check_heads(src, dst[i], "prompt destination");
-    tensor_view<T, 3> written = dst[i];
-    written.extent[0] = len;
-    detail::check_view(written, "prompt destination", true);
-    if (!detail::empty_view(written)) {
-      ranges.emplace_back(written.data,
-                          written.data + detail::reach(written, "prompt destination"));
-    }
+    const auto d = one_layer(dst[i]);
+    const auto ctx = static_cast<std::size_t>(l.prompt_context()[i]);
+    const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
+    detail::require(d.extent[1] >= ctx + len, "prompt ", i, ": destination holds ", d.extent[1],
+                    " positions, the prompt needs ", ctx + len);
+    detail::check_heads(s, d, "prompt destination");
+    detail::check_view(d, "prompt destination", true);
+    runs.add(d, {0, ctx, 0, 0}, {1, len, d.extent[2], d.extent[3]});
   }
-  std::sort(ranges.begin(), ranges.end(),
-            [](const auto& a, const auto& b) { return std::less<const T*>()(a.first, b.first); });
-  for (std::size_t k = 1; k < ranges.size(); ++k) {
-    detail::require(std::less<const T*>()(ranges[k - 1].second, ranges[k].first),
-                    "destinations: two prompts' buffers overlap in memory");
-  }
-  for (std::size_t i = 0; i < dst.size(); ++i) {
-    const std::size_t row = static_cast<std::size_t>(l.prompt_row[i]);
-    const std::size_t off = static_cast<std::size_t>(l.prompt_offset[i]);
-    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
-      detail::copy_token(&src(row, off + t, 0, 0), src.stride[2], src.stride[3], &dst[i](t, 0, 0),
-                         dst[i].stride[1], dst[i].stride[2], src.extent[2], src.extent[3]);
-    }
-  }
+  runs.require_disjoint("prompt destinations");
+  detail::scatter(l, s, [&](std::size_t, std::size_t i, std::size_t t) {
+    const std::size_t pos = static_cast<std::size_t>(l.prompt_context()[i]) + t;
+    return detail::token_dst<T>{&dst[i](pos, 0, 0), dst[i].stride[1], dst[i].stride[2]};
+  });
 }
 
 template <class T, class S, class Token, class Index>
@@ -202,87 +394,227 @@ void unpack_prompts(const packed_layout<Token, Index>& l, tensor_view<S, 4> src,
   unpack_prompts(l, src, span<const tensor_view<T, 3>>(dst));
 }
 
-/// Scatters src into a left-padded decode batch dst seen as (prompt, slot, head, dim): prompt
-/// i's token t lands at slot extent[1] - length_i + t, as Hugging Face lays out a batch for
-/// generation. Pad slots are left as they are. Throws prepack::error, writing nothing, if the
-/// source does not match the layout, dst has fewer than n_prompts rows or fewer slots than the
-/// longest prompt, heads or dims differ, or dst's strides overlap.
+/// Scatters K and V of every layer into a left-padded decode batch, k_dst and v_dst seen as
+/// (layer, prompt, slot, head, dim): prompt i's token t lands at slot extent[2] - length_i + t,
+/// as Hugging Face lays out a batch for generation. Pad slots are left as they are. Throws
+/// prepack::error, writing nothing, if the source does not match the layout, a destination has
+/// too few layers, prompts or slots, heads or dims differ, strides overlap, or K and V share an
+/// element. Whole prompts only (a chunk has no left-padded place).
 template <class T, class S, class Token, class Index>
-void unpack_left_padded(const packed_layout<Token, Index>& l, tensor_view<S, 4> source,
+void unpack_left_padded(const packed_layout<Token, Index>& l, const packed_kv<S>& src,
+                        tensor_view<T, 5> k_dst, tensor_view<T, 5> v_dst) {
+  detail::check_source(src.k, l, "keys");
+  detail::check_source(src.v, l, "values");
+  detail::require(src.k.extent == src.v.extent, "keys and values differ in shape");
+  detail::written_runs runs;
+  for (const auto* dst : {&k_dst, &v_dst}) {
+    detail::require(dst->extent[1] >= l.n_prompts(), "left-padded destination: ", dst->extent[1],
+                    " rows for ", l.n_prompts(), " prompts");
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      detail::require(l.prompt_context()[i] == 0, "prompt ", i, ": a chunk at position ",
+                      l.prompt_context()[i], " has no place in a left-padded batch");
+      detail::require(static_cast<std::size_t>(l.prompt_length()[i]) <= dst->extent[2], "prompt ",
+                      i, ": length ", l.prompt_length()[i], " exceeds the destination's ",
+                      dst->extent[2], " slots");
+    }
+    detail::check_heads(src.k, *dst, "left-padded destination");
+    detail::check_view(*dst, "left-padded destination", true);
+    runs.add(*dst, {0, 0, 0, 0, 0},
+             {dst->extent[0], l.n_prompts(), dst->extent[2], dst->extent[3], dst->extent[4]});
+  }
+  runs.require_disjoint("left-padded destinations");
+  const auto into = [&l](const tensor_view<T, 5>& d) {
+    return [&l, d](std::size_t layer, std::size_t i, std::size_t t) {
+      const std::size_t slot = d.extent[2] - static_cast<std::size_t>(l.prompt_length()[i]) + t;
+      return detail::token_dst<T>{&d(layer, i, slot, 0, 0), d.stride[3], d.stride[4]};
+    };
+  };
+  detail::scatter(l, src.k, into(k_dst));
+  detail::scatter(l, src.v, into(v_dst));
+}
+
+/// One layer: src (row, slot, head, dim) into dst (prompt, slot, head, dim), left-padded.
+template <class T, class S, class Token, class Index>
+void unpack_left_padded(const packed_layout<Token, Index>& l, tensor_view<S, 4> src,
                         tensor_view<T, 4> dst) {
-  const tensor_view<const T, 4> src = detail::as_const<T>(source);
-  detail::check_source(src, l);
-  detail::require(dst.extent[0] >= l.n_prompts(), "left-padded destination: ", dst.extent[0],
+  const auto s = one_layer(src);
+  const auto d = one_layer(dst);
+  detail::check_source(s, l, "source");
+  detail::require(d.extent[1] >= l.n_prompts(), "left-padded destination: ", d.extent[1],
                   " rows for ", l.n_prompts(), " prompts");
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    detail::require(static_cast<std::size_t>(l.prompt_length[i]) <= dst.extent[1], "prompt ", i,
-                    ": length ", l.prompt_length[i], " exceeds the destination's ", dst.extent[1],
+    detail::require(l.prompt_context()[i] == 0, "prompt ", i, ": a chunk at position ",
+                    l.prompt_context()[i], " has no place in a left-padded batch");
+    detail::require(static_cast<std::size_t>(l.prompt_length()[i]) <= d.extent[2], "prompt ", i,
+                    ": length ", l.prompt_length()[i], " exceeds the destination's ", d.extent[2],
                     " slots");
   }
-  detail::check_heads(src, dst, "left-padded destination");
-  detail::check_view(dst, "left-padded destination", true);
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const std::size_t row = static_cast<std::size_t>(l.prompt_row[i]);
-    const std::size_t off = static_cast<std::size_t>(l.prompt_offset[i]);
-    const std::size_t len = static_cast<std::size_t>(l.prompt_length[i]);
-    const std::size_t start = dst.extent[1] - len;
-    for (std::size_t t = 0; t < len; ++t) {
-      detail::copy_token(&src(row, off + t, 0, 0), src.stride[2], src.stride[3],
-                         &dst(i, start + t, 0, 0), dst.stride[2], dst.stride[3], src.extent[2],
-                         src.extent[3]);
+  detail::check_heads(s, d, "left-padded destination");
+  detail::check_view(d, "left-padded destination", true);
+  detail::scatter(l, s, [&](std::size_t, std::size_t i, std::size_t t) {
+    const std::size_t slot = d.extent[2] - static_cast<std::size_t>(l.prompt_length()[i]) + t;
+    return detail::token_dst<T>{&d(0, i, slot, 0, 0), d.stride[3], d.stride[4]};
+  });
+}
+
+/// Where every slot of a layout goes in a paged KV pool: one pool slot (block * block_size +
+/// offset in block) per layout slot, -1 for pad slots, as vLLM's slot_mapping. Built once from a
+/// block table and checked once (blocks in range, no pool slot written twice); write_slots then
+/// uses it for every layer and for K and V with O(1) checks per call.
+class slot_mapping {
+ public:
+  std::size_t block_size() const noexcept { return block_size_; }
+  std::size_t n_blocks() const noexcept { return n_blocks_; }
+  /// [n_tokens]  pool slot of each token (layout slot), -1 where nothing is written.
+  span<const std::int64_t> slots() const noexcept { return slots_; }
+
+  /// Checks and adopts a mapping computed elsewhere (an engine's own, or a step's): every
+  /// entry -1 or inside n_blocks * block_size, no pool slot named twice. Throws prepack::error
+  /// naming the first bad entry.
+  static slot_mapping from_slots(std::vector<std::int64_t> slots, std::size_t n_blocks,
+                                 std::size_t block_size) {
+    detail::require(block_size > 0, "slot mapping: block size 0");
+    detail::require(n_blocks > 0, "slot mapping: the pool has no blocks");
+    const std::size_t pool = detail::mul(n_blocks, block_size, "pool slots");
+    std::vector<std::pair<std::int64_t, std::size_t>> order;  // (pool slot, token)
+    order.reserve(slots.size());
+    for (std::size_t t = 0; t < slots.size(); ++t) {
+      const std::int64_t s = slots[t];
+      detail::require(s >= -1 && (s < 0 || static_cast<std::uint64_t>(s) < pool), "token ", t,
+                      ": slot ", s, " outside the pool's ", pool, " slots");
+      if (s >= 0) order.emplace_back(s, t);
     }
+    std::sort(order.begin(), order.end());
+    for (std::size_t k = 1; k < order.size(); ++k) {
+      detail::require(order[k].first != order[k - 1].first, "token ", order[k].second, ": slot ",
+                      order[k].first, " is also written by token ", order[k - 1].second);
+    }
+    return slot_mapping(std::move(slots), n_blocks, block_size);
+  }
+
+ private:
+  template <class B, class Token, class Index>
+  friend slot_mapping make_slot_mapping(const packed_layout<Token, Index>&, tensor_view<B, 2>,
+                                        std::size_t, std::size_t);
+  slot_mapping(std::vector<std::int64_t> slots, std::size_t n_blocks, std::size_t block_size)
+      : slots_(std::move(slots)), n_blocks_(n_blocks), block_size_(block_size) {}
+  std::vector<std::int64_t> slots_;
+  std::size_t n_blocks_ = 0, block_size_ = 0;
+};
+
+/// The slot mapping of a layout over a paged pool of n_blocks blocks of block_size slots:
+/// token t of prompt i (position prompt_context[i] + t) goes to block
+/// block_table(i, position / block_size) at offset position % block_size; pad slots map to -1.
+/// Entries of the table past those a prompt needs are ignored. Throws prepack::error, naming
+/// the prompt and entry, if the table has too few rows or entries, an entry is outside the
+/// pool, or a block is written by two prompts.
+template <class B, class Token, class Index>
+slot_mapping make_slot_mapping(const packed_layout<Token, Index>& l, tensor_view<B, 2> block_table,
+                               std::size_t n_blocks, std::size_t block_size) {
+  detail::check_block_table(l, block_table, n_blocks, block_size);
+  std::vector<std::int64_t> slots(l.n_slots(), -1);
+  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+    const std::size_t first = l.first_slot(i);
+    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length()[i]); ++t) {
+      slots[first + t] =
+          static_cast<std::int64_t>(detail::pool_slot(l, block_table, block_size, i, t));
+    }
+  }
+  return slot_mapping(std::move(slots), n_blocks, block_size);
+}
+
+/// Writes one layer's per-token tensor src (token, head, dim) into a paged pool seen as
+/// (block, offset in block, head, dim) through a slot mapping, vLLM's reshape_and_cache:
+/// token t goes to pool slot m.slots()[t]; tokens mapped to -1 are skipped. Converts to the
+/// pool's element type. Throws prepack::error, writing nothing, if src does not hold one token
+/// per mapping entry, the pool's blocks and block size differ from the mapping's, heads or dims
+/// differ, or the pool's strides overlap.
+template <class T, class S>
+void write_slots(const slot_mapping& m, tensor_view<S, 3> src, tensor_view<T, 4> pool) {
+  detail::check_view(src, "source", false);
+  detail::check_view(pool, "paged pool", true);
+  detail::require(src.extent[0] == m.slots().size(), "source: ", src.extent[0], " tokens, the slot "
+                  "mapping has ", m.slots().size());
+  detail::require(pool.extent[0] == m.n_blocks() && pool.extent[1] == m.block_size(),
+                  "paged pool: ", pool.extent[0], " blocks of ", pool.extent[1],
+                  ", the slot mapping was built for ", m.n_blocks(), " of ", m.block_size());
+  detail::require(pool.extent[2] == src.extent[1] && pool.extent[3] == src.extent[2],
+                  "paged pool: ", pool.extent[2], " heads x ", pool.extent[3], " dims, the source has ",
+                  src.extent[1], " x ", src.extent[2]);
+  for (std::size_t t = 0; t < src.extent[0]; ++t) {
+    const std::int64_t s = m.slots()[t];
+    if (s < 0) continue;
+    const auto slot = static_cast<std::size_t>(s);
+    detail::copy_token(&src(t, 0, 0), src.stride[1], src.stride[2],
+                       &pool(slot / m.block_size(), slot % m.block_size(), 0, 0), pool.stride[2],
+                       pool.stride[3], src.extent[1], src.extent[2]);
   }
 }
 
-/// Scatters src into a paged KV pool seen as (block, slot in block, head, dim), vLLM style:
-/// token t of prompt i lands in block block_table(i, t / block_size) at slot t % block_size,
-/// block_size = pool.extent[1]. block_table is (prompt, entry); entries past those a prompt
-/// needs are ignored. Throws prepack::error, writing nothing, if the source does not match the
-/// layout, the table has too few rows or entries, an entry is negative or >= the pool's blocks,
-/// two prompts (or one prompt twice) name the same block, heads or dims differ, or the pool's
-/// strides overlap.
+/// A packed (row, slot, head, dim) tensor seen as (token, head, dim) over its n_rows * width
+/// slots, for write_slots. Throws prepack::error if its rows are not evenly spaced slots
+/// (stride of a row != width x stride of a slot).
+template <class S>
+tensor_view<S, 3> flatten_rows(const tensor_view<S, 4>& v) {
+  detail::require(v.extent[0] <= 1 || v.stride[0] == v.extent[1] * v.stride[1],
+                  "source: rows are not contiguous runs of slots (row stride ", v.stride[0],
+                  ", width ", v.extent[1], " x slot stride ", v.stride[1], ")");
+  return {v.data, {v.extent[0] * v.extent[1], v.extent[2], v.extent[3]},
+          {v.stride[1], v.stride[2], v.stride[3]}};
+}
+
+/// Scatters K and V of every layer into a paged KV pool, k_pool and v_pool seen as (layer,
+/// block, offset in block, head, dim): token t of prompt i (position prompt_context[i] + t)
+/// lands in block block_table(i, position / block_size) at offset position % block_size.
+/// Throws prepack::error, writing nothing, for what make_slot_mapping refuses, a source that
+/// does not match the layout, pools with too few layers, heads or dims that differ, overlapping
+/// strides, or K and V pools that share an element the copy writes.
 template <class T, class S, class B, class Token, class Index>
-void unpack_paged(const packed_layout<Token, Index>& l, tensor_view<S, 4> source,
+void unpack_paged(const packed_layout<Token, Index>& l, const packed_kv<S>& src,
+                  tensor_view<T, 5> k_pool, tensor_view<T, 5> v_pool,
+                  tensor_view<B, 2> block_table) {
+  detail::check_source(src.k, l, "keys");
+  detail::check_source(src.v, l, "values");
+  detail::require(src.k.extent == src.v.extent, "keys and values differ in shape");
+  detail::require(k_pool.extent == v_pool.extent, "key and value pools differ in shape");
+  detail::check_heads(src.k, k_pool, "paged pool");
+  detail::check_view(k_pool, "key pool", true);
+  detail::check_view(v_pool, "value pool", true);
+  const std::size_t block_size = k_pool.extent[2];
+  detail::check_block_table(l, block_table, k_pool.extent[1], block_size);
+  detail::written_runs runs;
+  for (const auto* pool : {&k_pool, &v_pool}) {
+    runs.add(*pool, {0, 0, 0, 0, 0}, pool->extent);
+  }
+  runs.require_disjoint("key and value pools");
+  const auto into = [&](const tensor_view<T, 5>& pool) {
+    return [&, pool](std::size_t layer, std::size_t i, std::size_t t) {
+      const std::size_t slot = detail::pool_slot(l, block_table, block_size, i, t);
+      return detail::token_dst<T>{&pool(layer, slot / block_size, slot % block_size, 0, 0),
+                                  pool.stride[3], pool.stride[4]};
+    };
+  };
+  detail::scatter(l, src.k, into(k_pool));
+  detail::scatter(l, src.v, into(v_pool));
+}
+
+/// One layer: src (row, slot, head, dim) into a pool seen as (block, offset in block, head,
+/// dim). Same placement and errors as above.
+template <class T, class S, class B, class Token, class Index>
+void unpack_paged(const packed_layout<Token, Index>& l, tensor_view<S, 4> src,
                   tensor_view<T, 4> pool, tensor_view<B, 2> block_table) {
-  static_assert(std::is_integral_v<B>, "block ids must be integers");
-  const tensor_view<const T, 4> src = detail::as_const<T>(source);
-  detail::check_source(src, l);
-  const std::size_t block_size = pool.extent[1];
-  const std::size_t n_blocks = pool.extent[0];
-  detail::require(block_size > 0, "paged pool: block size 0");
-  detail::check_heads(src, pool, "paged pool");
+  detail::check_source(one_layer(src), l, "source");
+  detail::require(pool.extent[2] == src.extent[2] && pool.extent[3] == src.extent[3],
+                  "paged pool: ", pool.extent[2], " heads x ", pool.extent[3],
+                  " dims, the source has ", src.extent[2], " x ", src.extent[3]);
   detail::check_view(pool, "paged pool", true);
-  detail::check_view(block_table, "block table", false);
-  detail::require(block_table.extent[0] >= l.n_prompts(), "block table: ", block_table.extent[0],
-                  " rows for ", l.n_prompts(), " prompts");
-  constexpr std::size_t unused = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> owner(n_blocks, unused);  // [n_blocks]  prompt writing each block
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const std::size_t len = static_cast<std::size_t>(l.prompt_length[i]);
-    const std::size_t need = (len + block_size - 1) / block_size;
-    detail::require(need <= block_table.extent[1], "prompt ", i, ": length ", len, " needs ", need,
-                    " blocks of ", block_size, ", the block table has ", block_table.extent[1]);
-    for (std::size_t k = 0; k < need; ++k) {
-      const B id = block_table(i, k);
-      detail::require(!detail::is_negative(id) && static_cast<std::size_t>(id) < n_blocks,
-                      "prompt ", i, ": block_table[", i, "][", k, "] = ", id, " outside 0..",
-                      n_blocks - 1);
-      std::size_t& who = owner[static_cast<std::size_t>(id)];
-      detail::require(who == unused, "prompt ", i, ": block ", id, " is already used by prompt ",
-                      who);
-      who = i;
-    }
-  }
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const std::size_t row = static_cast<std::size_t>(l.prompt_row[i]);
-    const std::size_t off = static_cast<std::size_t>(l.prompt_offset[i]);
-    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length[i]); ++t) {
-      const std::size_t block = static_cast<std::size_t>(block_table(i, t / block_size));
-      detail::copy_token(&src(row, off + t, 0, 0), src.stride[2], src.stride[3],
-                         &pool(block, t % block_size, 0, 0), pool.stride[2], pool.stride[3],
-                         src.extent[2], src.extent[3]);
-    }
-  }
+  const std::size_t block_size = pool.extent[1];
+  detail::check_block_table(l, block_table, pool.extent[0], block_size);
+  detail::scatter(l, one_layer(src), [&](std::size_t, std::size_t i, std::size_t t) {
+    const std::size_t slot = detail::pool_slot(l, block_table, block_size, i, t);
+    return detail::token_dst<T>{&pool(slot / block_size, slot % block_size, 0, 0), pool.stride[2],
+                                pool.stride[3]};
+  });
 }
 
 /// Gathers each prompt's last-token row: src is (flat slot, feature) over the n_rows * width
@@ -290,9 +622,8 @@ void unpack_paged(const packed_layout<Token, Index>& l, tensor_view<S, 4> source
 /// nothing, if src does not hold the layout's slots, dst has fewer than n_prompts rows, the
 /// feature sizes differ, or dst's strides overlap.
 template <class T, class S, class Token, class Index>
-void gather_last(const packed_layout<Token, Index>& l, tensor_view<S, 2> source,
+void gather_last(const packed_layout<Token, Index>& l, tensor_view<S, 2> src,
                  tensor_view<T, 2> dst) {
-  const tensor_view<const T, 2> src = detail::as_const<T>(source);
   detail::check_view(src, "source", false);
   detail::check_view(dst, "last-token destination", true);
   detail::require(src.extent[0] == l.n_slots(), "source: ", src.extent[0],
@@ -301,35 +632,34 @@ void gather_last(const packed_layout<Token, Index>& l, tensor_view<S, 2> source,
                   " rows for ", l.n_prompts(), " prompts");
   detail::require(dst.extent[1] == src.extent[1], "last-token destination: ", dst.extent[1],
                   " features, the source has ", src.extent[1]);
-  detail::require(l.last_token.size() == l.n_prompts(), "layout: last_token has ",
-                  l.last_token.size(), " entries for ", l.n_prompts(), " prompts");
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    detail::require(l.last_token[i] >= 0 && static_cast<std::size_t>(l.last_token[i]) < l.n_slots(),
-                    "layout: prompt ", i, ": last token ", l.last_token[i], " outside ",
-                    l.n_slots(), " slots");
-  }
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const std::size_t s = static_cast<std::size_t>(l.last_token[i]);
-    for (std::size_t f = 0; f < src.extent[1]; ++f) dst(i, f) = src(s, f);
+    const auto s = static_cast<std::size_t>(l.last_token()[i]);
+    for (std::size_t f = 0; f < src.extent[1]; ++f) {
+      if constexpr (std::is_same_v<std::remove_const_t<S>, T>) {
+        dst(i, f) = src(s, f);
+      } else {
+        dst(i, f) = convert_to<T>(to_float(src(s, f)));
+      }
+    }
   }
 }
 
-/// Convenience: each prompt's rows copied into a new contiguous buffer [length][heads][dim].
+/// Convenience: each prompt's rows copied into a new contiguous buffer [length][heads][dim]
+/// (the chunk's own tokens, whatever its context).
 /// Allocates the buffers; prefer unpack_prompts to write into an engine's own memory.
 template <class S, class Token, class Index, class T = std::remove_const_t<S>>
 std::vector<std::vector<T>> unpack_contiguous(const packed_layout<Token, Index>& l,
-                                              tensor_view<S, 4> source) {
-  const tensor_view<const T, 4> src = detail::as_const<T>(source);
-  detail::check_source(src, l);
+                                              tensor_view<S, 4> src) {
+  detail::check_source(one_layer(src), l, "source");
   std::vector<std::vector<T>> out(l.n_prompts());
-  std::vector<tensor_view<T, 3>> views(l.n_prompts());
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    out[i].resize(static_cast<std::size_t>(l.prompt_length[i]) * src.extent[2] * src.extent[3]);
-    views[i] =
-        prompt_view(out[i].data(), cache_order::position_head_dim,
-                    static_cast<std::size_t>(l.prompt_length[i]), src.extent[2], src.extent[3]);
+    out[i].resize(static_cast<std::size_t>(l.prompt_length()[i]) * src.extent[2] * src.extent[3]);
   }
-  unpack_prompts(l, src, span<const tensor_view<T, 3>>(views));
+  const auto s = one_layer(src);
+  detail::scatter(l, s, [&](std::size_t, std::size_t i, std::size_t t) {
+    return detail::token_dst<T>{out[i].data() + t * src.extent[2] * src.extent[3], src.extent[3],
+                                1};
+  });
   return out;
 }
 

@@ -137,19 +137,27 @@ inline std::vector<record> read_records(std::istream& in, const std::string& sou
       std::size_t j = i;
       while (j < end && !is_sep(line[j])) ++j;
       const std::string tok = line.substr(i, j - i);
-      bool digits = tok.size() <= 18;
-      for (char d : tok) digits = digits && d >= '0' && d <= '9';
       const std::string shown = tok.size() > 32 ? tok.substr(0, 32) + "..." : tok;
+      // Digits only, accumulated with an overflow check: any number of digits is read, and a
+      // value past long long is simply not below the limit.
+      bool digits = true, overflow = false;
+      unsigned long long v = 0;
+      for (char d : tok) {
+        digits = digits && d >= '0' && d <= '9';
+        if (!digits) break;
+        const auto digit = static_cast<unsigned long long>(d - '0');
+        overflow = overflow || v > (~0ull - digit) / 10;
+        if (!overflow) v = v * 10 + digit;
+      }
       if (!digits)
         detail::fail(source, ":", line_no, ": ", what, " '", shown,
                      "' is not a non-negative integer");
-      const long long v = std::stoll(tok);
-      if (v >= limit)
-        detail::fail(source, ":", line_no, ": ", what, " ", v, " is not below ", limit);
+      if (overflow || limit <= 0 || v >= static_cast<unsigned long long>(limit))
+        detail::fail(source, ":", line_no, ": ", what, " ", shown, " is not below ", limit);
       if (rec.values.size() == max_per_line) {
         detail::fail(source, ":", line_no, ": more than ", max_per_line, " values on one line");
       }
-      rec.values.push_back(v);
+      rec.values.push_back(static_cast<long long>(v));
       i = j;
     }
     if (!rec.values.empty()) out.push_back(std::move(rec));

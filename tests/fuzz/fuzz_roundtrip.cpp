@@ -61,12 +61,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto sv = prepack::packed_view<int>(
         src.data(),
         (mode & 8) ? prepack::kv_order::row_head_slot_dim : prepack::kv_order::row_slot_head_dim,
-        l.n_rows, l.width, heads, 1);
+        l.n_rows(), l.width(), heads, 1);
     for (std::size_t i = 0; i < n; ++i) {
       for (std::size_t t = 0; t < static_cast<std::size_t>(len[i]); ++t) {
         for (std::size_t h = 0; h < heads; ++h) {
-          sv(static_cast<std::size_t>(l.prompt_row[i]),
-             static_cast<std::size_t>(l.prompt_offset[i]) + t, h, 0) = tag(i, t, h);
+          sv(static_cast<std::size_t>(l.prompt_row()[i]),
+             static_cast<std::size_t>(l.prompt_offset()[i]) + t, h, 0) = tag(i, t, h);
         }
       }
     }

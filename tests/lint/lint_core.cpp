@@ -1,6 +1,7 @@
 // A driver that instantiates every std-only public template, so clang-tidy (.clang-tidy, run by
 // .ci/run) sees their bodies; also built and run as a test.
 #include <prepack/prepack.hpp>
+#include <prepack/workload.hpp>
 
 #include <vector>
 
@@ -16,7 +17,7 @@ int main() {
   const auto t = prepack::make_token_batch(l);
   std::vector<float> src(l.n_slots());
   const auto s = prepack::packed_view<const float>(src.data(), prepack::kv_order::row_slot_head_dim,
-                                                   l.n_rows, l.width, 1, 1);
+                                                   l.n_rows(), l.width(), 1, 1);
   const auto c = prepack::unpack_contiguous(l, s);
   std::vector<float> pool(100);
   const std::vector<int> bt{0, 1, 2, 3, 4, 5};

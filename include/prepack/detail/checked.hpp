@@ -54,10 +54,11 @@ inline std::size_t add(std::size_t a, std::size_t b, const char* what) {
   return a + b;
 }
 
-// Converts v to To, or fails with "<what> <v> does not fit <type of To>".
+// Converts v to To, or fails with "<what> <v> does not fit the <type of To> <kind> type" (kind:
+// "index" for the layout's index type, "token" for token ids).
 template <class To, class From>
-To narrow(From v, const char* what) {
-  if (!fits<To>(v)) fail(what, " ", v, " does not fit the ", type_name<To>(), " index type");
+To narrow(From v, const char* what, const char* kind = "index") {
+  if (!fits<To>(v)) fail(what, " ", v, " does not fit the ", type_name<To>(), " ", kind, " type");
   return static_cast<To>(v);
 }
 

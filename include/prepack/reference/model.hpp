@@ -405,35 +405,35 @@ class model {
   template <class Token, class Index>
   prefill_result prefill(const packed_layout<Token, Index>& l,
                          const prefill_options& opt = {}) const {
-    check_layout(l);
+    prepack::detail::require(!l.empty(), "layout: empty (no prompts)");
     detail::batch_view<Token, Index> b;
-    b.n_rows = l.n_rows;
-    b.width = l.width;
-    b.tokens = l.tokens.data();
-    b.positions = l.positions.data();
-    b.segments = l.segments.data();
+    b.n_rows = l.n_rows();
+    b.width = l.width();
+    b.tokens = l.tokens().data();
+    b.positions = l.positions().data();
+    b.segments = l.segments().data();
     Index longest = 0;
-    for (Index len : l.prompt_length) longest = std::max(longest, len);
+    for (Index len : l.prompt_length()) longest = std::max(longest, len);
     std::vector<float> mask;  // [n_rows][width][width]  additive, dense path only
     if (opt.path == attention::dense) {
       mask = additive_mask<float>(l);
       b.mask = mask.data();
       b.mask_bytes = mask.size() * sizeof(float);
-      for (std::size_t row = 0; row < l.n_rows; ++row) {
+      for (std::size_t row = 0; row < l.n_rows(); ++row) {
         for (int head = 0; head < cfg_.n_heads; ++head) {
           b.tasks.push_back(
-              {static_cast<Eigen::Index>(row * l.width), static_cast<Eigen::Index>(l.width), head});
+              {static_cast<Eigen::Index>(row * l.width()), static_cast<Eigen::Index>(l.width()), head});
         }
       }
     } else {
       for (std::size_t i = 0; i < l.n_prompts(); ++i) {
         for (int head = 0; head < cfg_.n_heads; ++head) {
-          b.tasks.push_back({static_cast<Eigen::Index>(l.last_token[i]) - l.prompt_length[i] + 1,
-                             static_cast<Eigen::Index>(l.prompt_length[i]), head});
+          b.tasks.push_back({static_cast<Eigen::Index>(l.first_slot(i)),
+                             static_cast<Eigen::Index>(l.prompt_length()[i]), head});
         }
       }
     }
-    for (Index s : l.last_token) b.outputs.push_back(static_cast<std::size_t>(s));
+    for (Index s : l.last_token()) b.outputs.push_back(static_cast<std::size_t>(s));
     return forward(b, opt.n_threads);
   }
 
