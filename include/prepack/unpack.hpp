@@ -463,6 +463,8 @@ void unpack_left_padded(const packed_layout<Token, Index>& l, tensor_view<S, 4> 
 /// uses it for every layer and for K and V with O(1) checks per call.
 class slot_mapping {
  public:
+  /// An empty mapping (no tokens), as a moved-from one is.
+  slot_mapping() = default;
   std::size_t block_size() const noexcept { return block_size_; }
   std::size_t n_blocks() const noexcept { return n_blocks_; }
   /// [n_tokens]  pool slot of each token (layout slot), -1 where nothing is written.

@@ -1,0 +1,210 @@
+// Tests of prepack/schedule.hpp: on random prompt sets and budgets (below the shortest prompt,
+// primes, 1, up to the total), every token of every prompt is scheduled exactly once, in order,
+// chunk k + 1 in a later step than chunk k, no step over the budget; `fill` uses exactly the
+// lower bound; `whole_first` chunks only prompts longer than the budget and equals a naive
+// first-fit-decreasing written here; dependencies are respected; errors name the item.
+#include "prepack/schedule.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+// The definitions every schedule meets.
+void expect_valid(const prepack::step_schedule& s, const std::vector<prepack::schedule_item>& items,
+                  const std::string& where) {
+  ASSERT_EQ(s.n_items(), items.size()) << where;
+  ASSERT_EQ(s.step_begin.front(), 0u);
+  ASSERT_EQ(s.step_begin.back(), s.chunks.size());
+  std::vector<std::size_t> next(items.size(), 0), last_step(items.size(), 0);
+  std::vector<bool> started(items.size(), false);
+  for (std::size_t st = 0; st < s.n_steps(); ++st) {
+    ASSERT_LE(s.step_tokens(st), s.budget) << where << " step " << st;
+    ASSERT_GT(s.step(st).size(), 0u) << where << ": step " << st << " is empty";
+    std::vector<bool> in_step(items.size(), false);
+    for (const prepack::chunk& c : s.step(st)) {
+      ASSERT_LT(c.item, items.size());
+      ASSERT_FALSE(in_step[c.item]) << where << ": prompt " << c.item << " twice in step " << st;
+      in_step[c.item] = true;
+      ASSERT_EQ(c.start, next[c.item]) << where << ": prompt " << c.item << " out of order";
+      ASSERT_GT(c.length, 0u);
+      ASSERT_EQ(c.context, items[c.item].context + c.start);
+      if (started[c.item]) {
+        ASSERT_GT(st, last_step[c.item]);
+      }
+      if (!started[c.item] && items[c.item].after) {
+        ASSERT_GT(st, s.finish_step[*items[c.item].after])
+            << where << ": prompt " << c.item << " starts before the item it follows ends";
+      }
+      started[c.item] = true;
+      next[c.item] += c.length;
+      last_step[c.item] = st;
+      ASSERT_EQ(c.last, next[c.item] == items[c.item].length);
+    }
+  }
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    ASSERT_EQ(next[i], items[i].length) << where << ": prompt " << i << " not fully scheduled";
+    ASSERT_EQ(s.finish_step[i], last_step[i]);
+  }
+}
+
+// Naive whole-first: longest first (ties by index), whole into the earliest step with room;
+// longer than the budget: full chunks then the rest, each into the earliest step with room
+// after the previous one. Linear scans over steps.
+std::vector<std::vector<std::pair<std::size_t, std::size_t>>> naive_whole_first(
+    const std::vector<std::size_t>& len, std::size_t budget) {
+  std::vector<std::size_t> order(len.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return len[a] > len[b]; });
+  std::vector<std::size_t> room;
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> steps;  // (item, length)
+  for (std::size_t i : order) {
+    std::size_t done = 0, from = 0;
+    while (done < len[i]) {
+      const std::size_t piece = std::min(budget, len[i] - done);
+      std::size_t s = from;
+      while (s < room.size() && room[s] < piece) ++s;
+      if (s == room.size()) {
+        room.push_back(budget);
+        steps.emplace_back();
+      }
+      room[s] -= piece;
+      steps[s].emplace_back(i, piece);
+      done += piece;
+      from = s + 1;
+    }
+  }
+  return steps;
+}
+
+std::vector<std::size_t> random_lengths(std::mt19937_64& rng, int kind) {
+  switch (kind % 3) {
+    case 0:
+      return test::random_lengths<std::size_t>(rng, 1 + rng() % 30, 1, 200);
+    case 1: {
+      auto l = test::random_lengths<std::size_t>(rng, 1 + rng() % 20, 1, 20);
+      l[rng() % l.size()] = 300 + rng() % 400;
+      return l;
+    }
+    default: {
+      auto h = test::heavy_tailed_lengths(rng, 1 + rng() % 40, 600);
+      return std::vector<std::size_t>(h.begin(), h.end());
+    }
+  }
+}
+
+TEST(Schedule, RandomPromptsAndBudgets) {
+  std::mt19937_64 rng(71);
+  int chunked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const auto len = random_lengths(rng, trial);
+    const std::size_t total = std::accumulate(len.begin(), len.end(), std::size_t{0});
+    const std::size_t shortest = *std::min_element(len.begin(), len.end());
+    const std::size_t budgets[] = {1, std::max<std::size_t>(1, shortest / 2), 7, 13, 97,
+                                   1 + rng() % total, total};
+    std::vector<prepack::schedule_item> items;
+    for (std::size_t l : len) items.push_back({l, 0, std::nullopt});
+    for (std::size_t budget : budgets) {
+      for (auto order : {prepack::schedule_order::arrival, prepack::schedule_order::shortest_first,
+                         prepack::schedule_order::longest_first}) {
+        const auto fill = prepack::budgeted_schedule(len, {budget, prepack::chunking::fill, order});
+        const std::string where = "trial " + std::to_string(trial) + " budget " +
+                                  std::to_string(budget);
+        expect_valid(fill, items, where + " fill");
+        ASSERT_EQ(fill.n_steps(), fill.lower_bound()) << where;
+        ASSERT_EQ(fill.lower_bound(), (total + budget - 1) / budget);
+        // Every step but the last is full.
+        for (std::size_t st = 0; st + 1 < fill.n_steps(); ++st) {
+          ASSERT_EQ(fill.step_tokens(st), budget);
+        }
+      }
+      const auto whole = prepack::budgeted_schedule(len, {budget, prepack::chunking::whole_first});
+      const std::string where = "trial " + std::to_string(trial) + " budget " +
+                                std::to_string(budget) + " whole_first";
+      expect_valid(whole, items, where);
+      ASSERT_GE(whole.n_steps(), whole.lower_bound());
+      for (const prepack::chunk& c : whole.chunks) {
+        if (len[c.item] <= budget) {
+          ASSERT_EQ(c.length, len[c.item]) << where << " chunked";
+        }
+      }
+      chunked += static_cast<int>(whole.n_chunked());
+      const auto naive = naive_whole_first(len, budget);
+      ASSERT_EQ(whole.n_steps(), naive.size()) << where;
+      for (std::size_t st = 0; st < naive.size(); ++st) {
+        ASSERT_EQ(whole.step(st).size(), naive[st].size()) << where << " step " << st;
+        for (std::size_t k = 0; k < naive[st].size(); ++k) {
+          ASSERT_EQ(whole.step(st)[k].item, naive[st][k].first) << where;
+          ASSERT_EQ(whole.step(st)[k].length, naive[st][k].second) << where;
+        }
+      }
+    }
+  }
+  EXPECT_GT(chunked, 1000);
+}
+
+TEST(Schedule, OrdersOfFill) {
+  const std::vector<int> len{5, 1, 3};
+  const auto arrival = prepack::budgeted_schedule(len, {4, prepack::chunking::fill});
+  // [5: 4] [5: 1, 1, 3: 2] [3: 1]
+  ASSERT_EQ(arrival.n_steps(), 3u);
+  EXPECT_EQ(arrival.step(0)[0].item, 0u);
+  EXPECT_EQ(arrival.step(1).size(), 3u);
+  const auto shortest = prepack::budgeted_schedule(
+      len, {4, prepack::chunking::fill, prepack::schedule_order::shortest_first});
+  EXPECT_EQ(shortest.step(0)[0].item, 1u);  // 1, then 3: step 0 full with the two short ones
+  EXPECT_EQ(shortest.step(0)[1].item, 2u);
+  EXPECT_EQ(shortest.finish_step[1], 0u);
+  EXPECT_EQ(shortest.finish_step[2], 0u);
+}
+
+TEST(Schedule, DependenciesRunAfterTheirItem) {
+  std::mt19937_64 rng(73);
+  for (int trial = 0; trial < 200; ++trial) {
+    // A few prefixes and suffixes that follow them (with the prefix's length as context),
+    // some suffixes themselves followed (nested prefixes).
+    std::vector<prepack::schedule_item> items;
+    const std::size_t n = 2 + rng() % 20;
+    for (std::size_t i = 0; i < n; ++i) {
+      prepack::schedule_item it;
+      it.length = 1 + rng() % 150;
+      if (i > 0 && rng() % 3 != 0) {
+        const std::size_t a = rng() % i;
+        it.after = a;
+        it.context = items[a].context + items[a].length;
+      }
+      items.push_back(it);
+    }
+    for (std::size_t budget : {std::size_t{1}, std::size_t{16}, std::size_t{61}, std::size_t{400}}) {
+      for (auto policy : {prepack::chunking::fill, prepack::chunking::whole_first}) {
+        const auto s = prepack::budgeted_schedule(items, {budget, policy});
+        expect_valid(s, items, "trial " + std::to_string(trial));
+      }
+    }
+  }
+}
+
+TEST(ScheduleErrors, NameTheItem) {
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{}, {4}), "empty batch");
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{3, 0}, {4}),
+                       "prompt 1: length 0");
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{3, -2}, {4}),
+                       "prompt 1: length -2");
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{3}, {0}), "budget 0");
+  std::vector<prepack::schedule_item> loop{{2, 0, 1}, {2, 0, 0}};
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(loop, {4}), "loops back");
+  std::vector<prepack::schedule_item> self{{2, 0, 0}};
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(self, {4}), "item 0: after 0 is not another");
+  std::vector<prepack::schedule_item> far{{2, 0, 5}};
+  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(far, {4}), "item 0: after 5 is not another");
+}
+
+}  // namespace

@@ -1,0 +1,155 @@
+// Tests of prepack/step.hpp: the inputs of every step of random schedules against their
+// definitions (per sequence lengths and cumulative sums, positions from the context, the
+// caller's ids, logits flags, slot mapping through the block tables), the rows form of a step
+// against the same definitions, and every bad input refused with the prompt named.
+#include "prepack/step.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+
+namespace {
+
+struct world {
+  std::vector<std::vector<int>> tokens;  // per prompt
+  prepack::block_tables tables;
+  std::size_t n_blocks = 0;
+};
+
+world make_world(std::mt19937_64& rng, const std::vector<int>& len, std::size_t bs) {
+  world w;
+  w.tokens = test::tagged_prompts(len, 1 << 20);
+  std::size_t need = 0;
+  for (int l : len) need += prepack::blocks_for(static_cast<std::size_t>(l), bs);
+  w.n_blocks = need + 3;
+  std::vector<std::int32_t> ids(w.n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<std::vector<std::int32_t>> rows;
+  std::size_t next = 0;
+  for (int l : len) {
+    rows.emplace_back();
+    for (std::size_t k = 0; k < prepack::blocks_for(static_cast<std::size_t>(l), bs); ++k)
+      rows.back().push_back(ids[next++]);
+  }
+  w.tables = prepack::make_block_tables(rows, bs);
+  return w;
+}
+
+TEST(Step, InputsOfEveryStepMatchTheirDefinitions) {
+  std::mt19937_64 rng(81);
+  for (int trial = 0; trial < 120; ++trial) {
+    const auto len = test::random_lengths(rng, 1 + rng() % 12, 1, 90);
+    const std::size_t bs = std::size_t{1} + rng() % 17;
+    const world w = make_world(rng, len, bs);
+    std::vector<std::int64_t> ids(len.size());
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = 7000 + 3 * static_cast<std::int64_t>(i);
+    const auto policy = trial % 2 ? prepack::chunking::fill : prepack::chunking::whole_first;
+    const auto sched = prepack::budgeted_schedule(len, {1 + rng() % 64, policy});
+    std::vector<std::size_t> seen(len.size(), 0);
+    std::vector<int> logits_of(len.size(), 0);
+    for (std::size_t s = 0; s < sched.n_steps(); ++s) {
+      const auto in = prepack::make_step_inputs(sched, s, w.tokens, w.tables, w.n_blocks,
+                                                {prepack::span<const std::int64_t>(ids)});
+      ASSERT_EQ(in.n_seqs(), sched.step(s).size());
+      ASSERT_EQ(in.cu_seqlens_q.front(), 0);
+      std::size_t t = 0;
+      for (std::size_t q = 0; q < in.n_seqs(); ++q) {
+        const auto& c = sched.step(s)[q];
+        const std::size_t i = in.seq_item[q];
+        ASSERT_EQ(i, c.item);
+        ASSERT_EQ(static_cast<std::size_t>(in.context_lens[q]), seen[i]) << "context = cached";
+        ASSERT_EQ(in.seq_lens[q], in.context_lens[q] + in.query_lens[q]);
+        ASSERT_EQ(in.cu_seqlens_q[q + 1] - in.cu_seqlens_q[q], in.query_lens[q]);
+        ASSERT_EQ(in.cu_seqlens_k[q + 1] - in.cu_seqlens_k[q], in.seq_lens[q]);
+        ASSERT_LE(in.query_lens[q], in.max_seqlen_q);
+        ASSERT_LE(in.seq_lens[q], in.max_seqlen_k);
+        ASSERT_EQ(in.seq_id[q], ids[i]);
+        for (int k = 0; k < in.query_lens[q]; ++k, ++t) {
+          const std::size_t pos = seen[i] + static_cast<std::size_t>(k);
+          ASSERT_EQ(in.tokens[t], w.tokens[i][pos]);
+          ASSERT_EQ(static_cast<std::size_t>(in.positions[t]), pos);
+          ASSERT_EQ(in.token_seq_id[t], ids[i]);
+          const auto block = static_cast<std::size_t>(w.tables.row(i)[pos / bs]);
+          ASSERT_EQ(static_cast<std::size_t>(in.slot_mapping[t]), block * bs + pos % bs);
+          logits_of[i] += in.logits[t];
+          if (in.logits[t]) {
+            ASSERT_EQ(pos + 1, static_cast<std::size_t>(len[i]));
+          }
+        }
+        seen[i] += static_cast<std::size_t>(in.query_lens[q]);
+      }
+      ASSERT_EQ(t, in.n_tokens());
+      // The rows form of the same step: same tokens, positions and slots, pads at -1.
+      const auto rows = prepack::make_step_layout(sched, s, w.tokens, w.tables, w.n_blocks);
+      ASSERT_EQ(rows.layout.n_prompts(), in.n_seqs());
+      for (std::size_t q = 0; q < in.n_seqs(); ++q) {
+        ASSERT_EQ(rows.seq_item[q], in.seq_item[q]);
+        ASSERT_EQ(rows.layout.prompt_context()[q], in.context_lens[q]);
+        const std::size_t first = rows.layout.first_slot(q);
+        for (int k = 0; k < in.query_lens[q]; ++k) {
+          const auto t2 = static_cast<std::size_t>(in.cu_seqlens_q[q] + k);
+          ASSERT_EQ(rows.layout.tokens()[first + static_cast<std::size_t>(k)], in.tokens[t2]);
+          ASSERT_EQ(rows.layout.positions()[first + static_cast<std::size_t>(k)], in.positions[t2]);
+          ASSERT_EQ(rows.slots.slots()[first + static_cast<std::size_t>(k)], in.slot_mapping[t2]);
+        }
+      }
+      for (std::size_t x = 0; x < rows.layout.n_slots(); ++x) {
+        if (rows.layout.segments()[x] < 0) {
+          ASSERT_EQ(rows.slots.slots()[x], -1);
+        }
+      }
+    }
+    for (std::size_t i = 0; i < len.size(); ++i) {
+      ASSERT_EQ(seen[i], static_cast<std::size_t>(len[i]));
+      ASSERT_EQ(logits_of[i], 1) << "one logits row per prompt";
+    }
+  }
+}
+
+TEST(StepErrors, RefusedBeforeAnythingIsBuilt) {
+  const std::vector<int> len{10, 4};
+  const auto tokens = test::tagged_prompts(len, 100);
+  const auto sched = prepack::budgeted_schedule(len, {6, prepack::chunking::fill});
+  // 4-slot blocks: prompt 0 needs 3 blocks, prompt 1 one.
+  const auto good = prepack::make_block_tables({{0, 1, 2}, {3}}, 4);
+  EXPECT_NO_THROW(prepack::make_step_inputs(sched, 1, tokens, good, 4));
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 5, tokens, good, 4), "step 5 outside");
+  const auto short_table = prepack::make_block_tables({{0, 1}, {3}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, short_table, 4),
+                       "prompt 0: context 6 + query 4 needs 3 blocks of 4, its block table has 2");
+  const auto shared = prepack::make_block_tables({{0, 1, 2}, {2}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, shared, 4),
+                       "block 2 is also written by prompt 0 in this step");
+  const auto twice = prepack::make_block_tables({{0, 1, 1}, {3}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, twice, 4),
+                       "prompt 0: block 1 appears twice in its block table");
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, good, 3),
+                       "prompt 1: block_table[0] = 3 outside the pool's blocks 0..2");
+  auto wrong_count = tokens;
+  wrong_count[1].pop_back();
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, wrong_count, good, 4),
+                       "prompt 1: 3 tokens, the schedule says 4");
+  auto edited = sched;
+  edited.chunks[edited.step_begin[1]].context = 9;  // a context past what was cached
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(edited, 1, tokens, good, 4),
+                       "chunk context 9 is not the prompt's context 0 + its start 6");
+  auto past = sched;
+  past.chunks[past.step_begin[1]].start = 8;  // runs past the prompt's 10 tokens
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(past, 1, tokens, good, 4), "runs past its 10");
+  const std::vector<std::int64_t> one_id{5};
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 0, tokens, good, 4,
+                                                 {prepack::span<const std::int64_t>(one_id)}),
+                       "sequence ids: 1 for 2 prompts");
+  const auto wide = test::tagged_prompts({10, 4}, 1000);
+  EXPECT_PREPACK_ERROR((prepack::make_step_inputs<std::int8_t>(sched, 0, wide, good, 4)),
+                       "does not fit the token type");
+}
+
+}  // namespace
