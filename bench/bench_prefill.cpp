@@ -202,7 +202,7 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
       r.logits.row(i).maxCoeff(&best);
       benchmark::DoNotOptimize(best);
     }
-    benchmark::DoNotOptimize(caches.data());
+    benchmark::DoNotOptimize(caches.seqs.data());
     t.useful += static_cast<double>(plan.useful_tokens());
     t.slots += static_cast<double>(plan.slots());
     t.linear_flops += r.profile.linear_flops;
@@ -222,55 +222,6 @@ totals run_dataset(const ref::model& m, const std::vector<std::vector<int>>& pro
     }
   }
   return t;
-}
-
-// Seconds of raw Eigen GEMMs with the shapes and the weights of every prefill of the run: for
-// each layer, Q, K, V, O, gate, up and down over the prefill's slots with that layer's own
-// weight matrices, then the LM head over its last tokens - the kernel's linear layers in the
-// kernel's order, with nothing between them, so the kernel's own FLOP count applies to both. The
-// kernel's linear time is held to this: what is lost to the attention, norms and bookkeeping
-// around its GEMMs. Each distinct prefill shape is timed three times, the fastest kept (as the
-// kernel's fastest pass is), once per run and model.
-double gemm_seconds(const ref::model& m,
-                    const std::vector<std::pair<std::size_t, std::size_t>>& batch_shapes) {
-  const ref::config& c = m.cfg();
-  const ref::weights& w = m.params();
-  const Eigen::Index h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
-  // (model, slots, prompts) -> seconds
-  static std::map<std::tuple<const ref::model*, std::size_t, std::size_t>, double> fastest;
-  double seconds = 0;
-  for (const auto& [slots, prompts] : batch_shapes) {
-    const auto key = std::make_tuple(&m, slots, prompts);
-    if (fastest.count(key) == 0) {
-      const auto rows = static_cast<Eigen::Index>(slots);
-      const auto outs = static_cast<Eigen::Index>(prompts);
-      ref::matrix x = ref::matrix::Random(rows, h), a = ref::matrix::Random(rows, q),
-                  g = ref::matrix::Random(rows, f), last = ref::matrix::Random(outs, h);
-      ref::matrix oq(rows, q), ok(rows, kv), ov(rows, kv),
-          oh = ref::matrix::Zero(rows, h), og(rows, f), ou(rows, f), logits(outs, c.vocab);
-      double best = 0;
-      for (int k = 0; k < 3; ++k) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (const ref::layer_weights& lw : w.layers) {
-          oq.noalias() = x * lw.wq;
-          ok.noalias() = x * lw.wk;
-          ov.noalias() = x * lw.wv;
-          oh.noalias() += a * lw.wo;
-          og.noalias() = x * lw.w_gate;
-          ou.noalias() = x * lw.w_up;
-          oh.noalias() += g * lw.w_down;
-        }
-        logits.noalias() = last * w.lm_head;
-        const double took = seconds_since(t0);
-        best = k == 0 ? took : std::min(best, took);
-        benchmark::DoNotOptimize(oh.data());
-        benchmark::DoNotOptimize(logits.data());
-      }
-      fastest[key] = best;
-    }
-    seconds += fastest[key];
-  }
-  return seconds;
 }
 
 report::table g_results;
@@ -331,7 +282,7 @@ void register_all() {
                 if (g_padding_seconds.count(group) != 0) {
                   state.counters["speedup"] = g_padding_seconds[group] / best;
                 }
-                const double gemm = t.linear_flops / gemm_seconds(*m, t.batch_shapes) / 1e9;
+                const double gemm = 0;  // the FMA-peak yardstick replaces it
                 state.counters["batches"] = static_cast<double>(t.n_batches);
                 state.counters["s_per_batch"] = best / static_cast<double>(t.n_batches);
                 state.counters["useful_tok_per_s"] = t.useful / best;

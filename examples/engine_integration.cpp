@@ -20,32 +20,9 @@
 namespace ref = prepack::reference;
 
 // ---------------------------------------------------------------------------------------------
-// The engine's side (what already exists before prepacking).
-struct paged_pool {
-  int n_layers, n_kv_heads, head_dim;
-  std::size_t n_blocks, block_size;
-  std::vector<float> k, v;  // [n_layers][n_blocks][block_size][n_kv_heads][head_dim]
-
-  paged_pool(const ref::config& c, std::size_t blocks, std::size_t bs)
-      : n_layers(c.n_layers),
-        n_kv_heads(c.n_kv_heads),
-        head_dim(c.head_size()),
-        n_blocks(blocks),
-        block_size(bs),
-        k(static_cast<std::size_t>(n_layers) * blocks * bs *
-          static_cast<std::size_t>(n_kv_heads * head_dim)),
-        v(k.size()) {}
-  // One layer of the pool as (block, slot in block, head, dim), the unpacker's view.
-  prepack::tensor_view<float, 4> layer(std::vector<float>& kv, int l) {
-    const std::size_t per_layer =
-        n_blocks * block_size * static_cast<std::size_t>(n_kv_heads * head_dim);
-    return prepack::contiguous_view<float, 4>(
-        kv.data() + static_cast<std::size_t>(l) * per_layer,
-        {n_blocks, block_size, static_cast<std::size_t>(n_kv_heads),
-         static_cast<std::size_t>(head_dim)});
-  }
-};
-
+// The engine's side (what already exists before prepacking): a forward pass over rectangular
+// batches, and a vLLM-style paged KV pool, [n_layers][n_blocks][block_size][n_kv_heads][head_dim]
+// for K and for V (here the reference model's kv_pool, reached only through its views).
 struct engine {
   const ref::model& model;
   // The engine's batched forward pass over [n_rows][width] inputs. Knows nothing about prompts.
@@ -106,53 +83,25 @@ int main() {
                 out.profile.seconds_total);
 
     // 4. The engine allocates blocks for each prompt (room for the tokens it will generate) and
-    //    prepack scatters the packed KV into them through the block table.
+    //    prepack scatters the packed KV of every layer into them through the block table, in
+    //    one call (the table is checked once, K and V of all layers copied).
     const std::size_t block_size = 16;
-    std::vector<std::size_t> blocks_of(lengths.size());
-    std::size_t max_blocks = 0, total_blocks = 0;
+    std::vector<std::size_t> room;
+    for (int l : lengths) room.push_back(static_cast<std::size_t>(l + new_tokens));
+    ref::paged_cache pool = ref::make_cache(cfg, room, block_size);
+    const prepack::block_tables table = ref::tables_of(pool);
+    prepack::unpack_paged(layout, out.kv(), pool.pool.key_view(), pool.pool.value_view(),
+                          table.view());
     for (std::size_t i = 0; i < lengths.size(); ++i) {
-      blocks_of[i] =
-          (static_cast<std::size_t>(lengths[i] + new_tokens) + block_size - 1) / block_size;
-      max_blocks = std::max(max_blocks, blocks_of[i]);
-      total_blocks += blocks_of[i];
-    }
-    paged_pool pool(cfg, total_blocks + 4, block_size);
-    std::vector<int> block_table(lengths.size() * max_blocks, -1);  // [n_prompts][max_blocks]
-    int next_free = static_cast<int>(total_blocks) + 3;             // hand out blocks from the top
-    for (std::size_t i = 0; i < lengths.size(); ++i) {
-      for (std::size_t b = 0; b < blocks_of[i]; ++b) block_table[i * max_blocks + b] = next_free--;
-    }
-    const auto table =
-        prepack::contiguous_view<const int, 2>(block_table.data(), {lengths.size(), max_blocks});
-    for (int l = 0; l < cfg.n_layers; ++l) {
-      // prepack: the engine's packed KV seen as (row, slot, head, dim), scattered into its pool.
-      prepack::unpack_paged(layout, out.key_view(l), pool.layer(pool.k, l), table);
-      prepack::unpack_paged(layout, out.value_view(l), pool.layer(pool.v, l), table);
+      pool.seqs[i].length = static_cast<std::size_t>(lengths[i]);
+      ref::mark_cached(pool.pool, pool.seqs[i], 0, pool.seqs[i].length);
     }
     std::printf("4. unpack: %zu prompts scattered into %zu blocks of %zu slots\n", lengths.size(),
-                total_blocks, block_size);
+                pool.pool.n_blocks(), block_size);
 
-    // 5. Decoding continues from the pool. A real engine's paged attention reads the blocks in
-    //    place; this stand-in copies each prompt's blocks into the reference decoder's cache.
-    std::vector<ref::kv_cache> caches;
-    for (std::size_t i = 0; i < lengths.size(); ++i) {
-      ref::kv_cache kc(cfg, static_cast<std::size_t>(lengths[i] + new_tokens));
-      kc.length = static_cast<std::size_t>(lengths[i]);
-      for (int l = 0; l < cfg.n_layers; ++l) {
-        auto pk = pool.layer(pool.k, l), pv = pool.layer(pool.v, l);
-        for (std::size_t t = 0; t < kc.length; ++t) {
-          const auto blk = static_cast<std::size_t>(block_table[i * max_blocks + t / block_size]);
-          for (int g = 0; g < cfg.n_kv_heads; ++g) {
-            for (int d = 0; d < cfg.head_size(); ++d) {
-              kc.key(l, g, t)[d] = pk(blk, t % block_size, g, d);
-              kc.value(l, g, t)[d] = pv(blk, t % block_size, g, d);
-            }
-          }
-        }
-      }
-      caches.push_back(std::move(kc));
-    }
-    const auto generated = ref::greedy_decode(model, caches, out.logits, new_tokens);
+    // 5. Decoding continues from the pool: each decode step is one token per sequence at its
+    //    next position, attending to its blocks in place.
+    const auto generated = ref::greedy_decode(model, pool, out.logits, new_tokens);
 
     // 6. Check against prefilling each prompt alone: the same tokens, the same numbers.
     auto [alone, alone_logits] =

@@ -1,9 +1,11 @@
-// prepack_demo: prefill a batch of prompts of mixed lengths twice - padded to the longest, as
-// engines batch them, and prepacked - with the reference model, and show what prepacking saves
-// and that both give every prompt the KV cache, logits and greedy tokens it gets alone.
+// prepack_demo: prefill a batch of prompts of mixed lengths - padded to the longest, as engines
+// batch them; prepacked into rows; and, with --budget, as budgeted steps over a paged KV pool, as
+// engines that never pad run them - with the reference model, and show what each costs and that
+// each gives every prompt the KV cache, logits and greedy tokens it gets alone.
 //
 //   prepack_demo                      built-in workload: 64 heavy-tailed prompts (seeded)
 //   prepack_demo --prompts FILE       one prompt per line, token ids separated by spaces
+//   prepack_demo --budget 512         also budgeted steps of at most 512 tokens over a pool
 //   prepack_demo --json               one JSON object on stdout
 //   prepack_demo --help               every flag
 #include <algorithm>
@@ -20,14 +22,14 @@
 
 #include "cli.hpp"
 #include "prepack/prepack.hpp"
-#include "prepack/workload.hpp"
 #include "prepack/reference.hpp"
+#include "prepack/workload.hpp"
 
 namespace ref = prepack::reference;
 
 namespace {
 
-const char* kHelp = R"(prepack_demo - padded vs prepacked prefill on the reference model
+const char* kHelp = R"(prepack_demo - padded vs prepacked vs budgeted prefill on the reference model
 
 Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1):
   --prompts FILE      one prompt per line, token ids separated by spaces ('#' comments)
@@ -39,6 +41,8 @@ Model (default: Llama-style, vocab 4096, hidden 256, 4 layers, 8 heads, 2 kv hea
        head dim 32, ffn 688, rope theta 10000):
   --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
   --rope-theta X
+  --backend auto|eigen|onednn
+                      the GEMM library (default auto: oneDNN when the build has it)
 Method:
   --capacity N        tokens per packed row (default: the longest prompt); with --max-pad,
                       the widest row allowed
@@ -49,32 +53,93 @@ Method:
                       prepacked attention: per-row block-diagonal mask (the paper's) or
                       each prompt's causal block only (default segment); the padded baseline
                       always runs the dense mask, as Hugging Face does
+  --budget N          also run budgeted steps of at most N tokens over a paged KV pool
+                      (prefix-free varlen forward passes, long prompts chunked)
+  --policy whole|fill whole prompts first (default) or every step filled to the budget
+  --block-size N      the pool's block size in tokens (default 16)
   --threads N         threads (default: all cores)
   --new-tokens N      greedy tokens per prompt to compare (default 8)
   --repeat N          time each method N times, report the fastest (default 1)
 Output:
   --json              one JSON object on stdout instead of the report
-Exit codes: 0 ok; 1 padded and prepacked results disagree; 2 bad flags or input.
+Exit codes: 0 ok; 1 a method's results disagree with prefilling alone; 2 bad flags or input.
 )";
 
-struct timing {
+// What one method produced: time, memory, per-prompt caches and logits.
+struct outcome {
+  std::string name;
   double seconds = 0;
-  ref::prefill_result result;
-  std::vector<ref::kv_cache> caches;
+  std::size_t peak_bytes = 0;
+  ref::paged_cache cache;
+  ref::matrix logits;
+  float max_kv = 0, max_logits = 0;
+  bool tokens_match = false;
+  std::size_t steps = 0, steps_lower_bound = 0, chunked = 0;  // budgeted only
 };
 
+template <class F>
+double seconds_of(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Padded or prepacked: plan, layout, one prefill, unpack into per-prompt caches.
 template <class Plan>
-timing run(const ref::model& m, const std::vector<std::vector<int>>& prompts, Plan make_plan,
-           ref::attention path, int threads, int repeat, int new_tokens) {
-  timing best;
+outcome run_rows(const std::string& name, const ref::model& m,
+                 const std::vector<std::vector<int>>& prompts, Plan make_plan,
+                 const ref::prefill_options& opt, int repeat, int new_tokens) {
+  outcome best;
   for (int k = 0; k < repeat; ++k) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto plan = make_plan();
-    const auto layout = prepack::make_layout(plan, prompts, {m.cfg().pad_id, 0});
-    auto r = m.prefill(layout, {path, threads});
-    auto caches = ref::unpack_caches(m, layout, r, static_cast<std::size_t>(new_tokens));
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (k == 0 || s < best.seconds) best = {s, std::move(r), std::move(caches)};
+    outcome o;
+    o.name = name;
+    o.seconds = seconds_of([&] {
+      const auto plan = make_plan();
+      const auto layout = prepack::make_layout(plan, prompts, {m.cfg().pad_id, 0});
+      const auto r = m.prefill(layout, opt);
+      o.cache = ref::unpack_caches(m, layout, r, static_cast<std::size_t>(new_tokens));
+      o.peak_bytes = r.memory.peak_bytes;
+      o.logits = r.logits;
+    });
+    if (k == 0 || o.seconds < best.seconds) best = std::move(o);
+  }
+  return best;
+}
+
+// Budgeted: a schedule of steps of at most `budget` tokens, each a forward pass over the pool
+// that writes K and V straight into it (no packed buffer, no unpack).
+outcome run_budgeted(const ref::model& m, const std::vector<std::vector<int>>& prompts,
+                     const std::vector<int>& len, const prepack::budget_options& bo,
+                     std::size_t block_size, const ref::exec_options& opt, int repeat,
+                     int new_tokens) {
+  outcome best;
+  for (int k = 0; k < repeat; ++k) {
+    outcome o;
+    o.name = "budgeted";
+    std::vector<std::size_t> room;
+    for (int l : len) room.push_back(static_cast<std::size_t>(l + new_tokens));
+    o.seconds = seconds_of([&] {
+      const auto sched = prepack::budgeted_schedule(len, bo);
+      o.cache = ref::make_cache(m.cfg(), room, block_size);
+      const auto tables = ref::tables_of(o.cache);
+      o.logits = ref::matrix(static_cast<Eigen::Index>(prompts.size()), m.cfg().vocab);
+      std::size_t workspace = 0;
+      for (std::size_t s = 0; s < sched.n_steps(); ++s) {
+        const auto in = prepack::make_step_inputs(sched, s, prompts, tables, o.cache.pool.n_blocks());
+        const auto r = m.forward(in, o.cache.pool, opt);
+        for (std::size_t j = 0; j < r.output_seq.size(); ++j) {
+          o.logits.row(static_cast<Eigen::Index>(in.seq_item[r.output_seq[j]])) =
+              r.logits.row(static_cast<Eigen::Index>(j));
+        }
+        workspace = std::max(workspace, r.memory.peak_bytes - r.memory.kv_bytes);
+      }
+      for (std::size_t i = 0; i < prompts.size(); ++i) o.cache.seqs[i].length = prompts[i].size();
+      o.peak_bytes = o.cache.pool.bytes() + workspace;
+      o.steps = sched.n_steps();
+      o.steps_lower_bound = sched.lower_bound();
+      o.chunked = sched.n_chunked();
+    });
+    if (k == 0 || o.seconds < best.seconds) best = std::move(o);
   }
   return best;
 }
@@ -87,10 +152,11 @@ std::string mib(std::size_t bytes) {
 
 int demo(int argc, char** argv) {
   const cli::args a(argc, argv,
-                    {"--prompts",   "--profile", "--batch",      "--max-len",  "--seed",
-                     "--vocab",     "--hidden",  "--layers",     "--heads",    "--kv-heads",
-                     "--head-dim",  "--ffn",     "--rope-theta", "--capacity", "--packer",
-                     "--attention", "--threads", "--new-tokens", "--repeat",   "--max-pad"},
+                    {"--prompts",   "--profile",  "--batch",      "--max-len",  "--seed",
+                     "--vocab",     "--hidden",   "--layers",     "--heads",    "--kv-heads",
+                     "--head-dim",  "--ffn",      "--rope-theta", "--capacity", "--packer",
+                     "--attention", "--threads",  "--new-tokens", "--repeat",   "--max-pad",
+                     "--budget",    "--policy",   "--block-size", "--backend"},
                     {"--json", "--help"});
   if (a.has("--help")) {
     std::cout << kHelp;
@@ -115,6 +181,18 @@ int demo(int argc, char** argv) {
   const auto path = a.choice("--attention", "segment", {"dense", "segment"}) == "dense"
                         ? ref::attention::dense
                         : ref::attention::segment;
+  const std::string backend_flag = a.choice("--backend", "auto", {"auto", "eigen", "onednn"});
+  const ref::gemm_backend backend = ref::resolve(
+      backend_flag == "eigen"    ? ref::gemm_backend::eigen
+      : backend_flag == "onednn" ? ref::gemm_backend::onednn
+                                 : ref::gemm_backend::automatic);
+  const bool budgeted = a.has("--budget");
+  const auto budget = static_cast<std::size_t>(a.integer("--budget", 512, 1, 1ll << 30));
+  const bool fill = a.choice("--policy", "whole", {"whole", "fill"}) == "fill";
+  const auto block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 16));
+  if (!budgeted && (a.has("--policy") || a.has("--block-size"))) {
+    throw cli::usage_error("--policy and --block-size go with --budget");
+  }
 
   // The workload: lengths first, so its memory is checked before any prompt is built.
   std::vector<std::vector<int>> prompts;
@@ -159,7 +237,7 @@ int demo(int argc, char** argv) {
   const std::size_t padded_slots = len.size() * static_cast<std::size_t>(longest);
 
   // Refuse a workload that cannot fit, before allocating anything for it: the weights, the
-  // prompts, and the larger of the two prefills with its layout arrays.
+  // prompts, and the larger of the two prefills with its layout arrays and the caches.
   const auto need = [&](std::size_t rows, std::size_t width, ref::attention p) {
     return static_cast<double>(ref::estimate_prefill_memory(c, rows, width, len.size(),
                                                             static_cast<std::size_t>(longest), p,
@@ -167,8 +245,10 @@ int demo(int argc, char** argv) {
                                    .peak_bytes) +
            3.0 * static_cast<double>(rows * width * sizeof(int));
   };
+  const double caches = 2.0 * c.n_layers * static_cast<double>(c.kv_dim()) * sizeof(float) *
+                        static_cast<double>(useful + len.size() * (static_cast<std::size_t>(new_tokens) + block_size));
   const double peak_need =
-      ref::weight_bytes(c) + 2.0 * static_cast<double>(useful * sizeof(int)) +
+      ref::weight_bytes(c) + 2.0 * static_cast<double>(useful * sizeof(int)) + 2 * caches +
       std::max(need(len.size(), static_cast<std::size_t>(longest), ref::attention::dense),
                need(plan.n_rows(), static_cast<std::size_t>(plan.capacity), path));
   const double machine =
@@ -180,97 +260,149 @@ int demo(int argc, char** argv) {
   }
   if (prompts.empty()) prompts = prepack::generate_prompts(len, c.vocab, seed);
   const ref::model m(c, seed);
+  const ref::exec_options exec{threads, backend};
 
-  const timing padded = run(
-      m, prompts, [&] { return prepack::padded(len); }, ref::attention::dense, threads, repeat,
-      new_tokens);
-  const timing packed = run(m, prompts, make_packed_plan, path, threads, repeat, new_tokens);
-  auto [alone, alone_logits] =
-      ref::prefill_alone(m, prompts, static_cast<std::size_t>(new_tokens), {path, threads});
-
-  const float kv_padded = ref::max_abs_diff(alone, padded.caches);
-  const float kv_packed = ref::max_abs_diff(alone, packed.caches);
-  const float lg_padded = (alone_logits - padded.result.logits).cwiseAbs().maxCoeff();
-  const float lg_packed = (alone_logits - packed.result.logits).cwiseAbs().maxCoeff();
-
-  auto caches_alone = alone;
-  auto caches_padded = padded.caches;
-  auto caches_packed = packed.caches;
-  const auto g_alone = ref::greedy_decode(m, caches_alone, alone_logits, new_tokens, {threads});
-  const auto g_padded =
-      ref::greedy_decode(m, caches_padded, padded.result.logits, new_tokens, {threads});
-  const auto g_packed =
-      ref::greedy_decode(m, caches_packed, packed.result.logits, new_tokens, {threads});
-  const bool match = g_alone.tokens == g_padded.tokens && g_alone.tokens == g_packed.tokens;
-  const float max_kv = std::max(kv_padded, kv_packed), max_lg = std::max(lg_padded, lg_packed);
-  const bool agree = match && max_kv <= 1e-3f && max_lg <= 1e-3f;
+  std::vector<outcome> methods;
+  methods.push_back(run_rows(
+      "padded", m, prompts, [&] { return prepack::padded(len); },
+      {ref::attention::dense, threads, backend}, repeat, new_tokens));
+  methods.push_back(run_rows("prepacked", m, prompts, make_packed_plan, {path, threads, backend},
+                             repeat, new_tokens));
+  if (budgeted) {
+    const prepack::budget_options bo{
+        budget, fill ? prepack::chunking::fill : prepack::chunking::whole_first,
+        prepack::schedule_order::arrival};
+    methods.push_back(run_budgeted(m, prompts, len, bo, block_size, exec, repeat, new_tokens));
+  }
+  auto [alone, alone_logits] = ref::prefill_alone(m, prompts, static_cast<std::size_t>(new_tokens),
+                                                  {ref::attention::segment, threads, backend});
+  const int n_threads = ref::detail::threads_for(threads);
+  bool agree = true;
+  float max_kv = 0, max_lg = 0;
+  for (outcome& o : methods) {
+    o.max_kv = ref::max_abs_diff(alone, o.cache);
+    o.max_logits = (alone_logits - o.logits).cwiseAbs().maxCoeff();
+    max_kv = std::max(max_kv, o.max_kv);
+    max_lg = std::max(max_lg, o.max_logits);
+  }
+  // Greedy continuations, each from its own cache (decoding appends to it).
+  const auto want = ref::greedy_decode(m, alone, alone_logits, new_tokens, exec);
+  std::vector<ref::decode_result> decoded;
+  for (outcome& o : methods) {
+    decoded.push_back(ref::greedy_decode(m, o.cache, o.logits, new_tokens, exec));
+    o.tokens_match = decoded.back().tokens == want.tokens;
+    agree = agree && o.tokens_match && o.max_kv <= 1e-3f && o.max_logits <= 1e-3f;
+  }
+  const outcome& padded = methods[0];
+  const outcome& packed = methods[1];
   const double speedup = padded.seconds / packed.seconds;
-  const double mem_ratio = static_cast<double>(padded.result.memory.peak_bytes) /
-                           static_cast<double>(packed.result.memory.peak_bytes);
+  const double mem_ratio =
+      static_cast<double>(padded.peak_bytes) / static_cast<double>(packed.peak_bytes);
 
   if (json) {
-    std::printf(
-        "{\"workload\": \"%s\", \"n_prompts\": %zu, \"useful_tokens\": %zu, \"padded_tokens\": "
-        "%zu, "
-        "\"n_rows\": %zu, \"packed_slots\": %zu, \"capacity\": %d, \"packer\": \"%s\", "
-        "\"attention\": \"%s\", "
-        "\"threads\": %d, \"seconds_padded\": %.6f, \"seconds_prepacked\": %.6f, \"speedup\": "
-        "%.4f, "
-        "\"peak_bytes_padded\": %zu, \"peak_bytes_prepacked\": %zu, \"memory_ratio\": %.4f, "
-        "\"max_abs_diff_kv\": %.3g, \"max_abs_diff_logits\": %.3g, \"greedy_tokens_match\": %s, "
-        "\"model\": {\"vocab\": %d, \"hidden\": %d, \"layers\": %d, \"heads\": %d, \"kv_heads\": "
-        "%d, "
-        "\"head_dim\": %d, \"ffn\": %d, \"rope_theta\": %g}}\n",
-        workload.c_str(), len.size(), useful, padded_slots, plan.n_rows(), plan.slots(),
-        plan.capacity, bfd ? "bfd" : "ffd", path == ref::attention::dense ? "dense" : "segment",
-        packed.result.profile.n_threads, padded.seconds, packed.seconds, speedup,
-        padded.result.memory.peak_bytes, packed.result.memory.peak_bytes, mem_ratio,
-        static_cast<double>(max_kv), static_cast<double>(max_lg), match ? "true" : "false", c.vocab,
-        c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.rope_theta);
+    std::ostringstream js;
+    char buf[1024];
+    std::snprintf(buf, sizeof buf,
+                  "{\"workload\": \"%s\", \"n_prompts\": %zu, \"useful_tokens\": %zu, "
+                  "\"padded_tokens\": %zu, \"n_rows\": %zu, \"packed_slots\": %zu, \"capacity\": "
+                  "%d, \"packer\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"backend\": "
+                  "\"%s\", \"seconds_padded\": %.6f, \"seconds_prepacked\": %.6f, \"speedup\": "
+                  "%.4f, \"peak_bytes_padded\": %zu, \"peak_bytes_prepacked\": %zu, "
+                  "\"memory_ratio\": %.4f, ",
+                  workload.c_str(), len.size(), useful, padded_slots, plan.n_rows(), plan.slots(),
+                  plan.capacity, bfd ? "bfd" : "ffd",
+                  path == ref::attention::dense ? "dense" : "segment", n_threads,
+                  ref::backend_name(backend), padded.seconds, packed.seconds, speedup,
+                  padded.peak_bytes, packed.peak_bytes, mem_ratio);
+    js << buf << "\"methods\": {";
+    for (std::size_t k = 0; k < methods.size(); ++k) {
+      const outcome& o = methods[k];
+      std::snprintf(buf, sizeof buf,
+                    "%s\"%s\": {\"seconds\": %.6f, \"peak_bytes\": %zu, \"max_abs_diff_kv\": %.3g, "
+                    "\"max_abs_diff_logits\": %.3g, \"greedy_tokens_match\": %s",
+                    k ? ", " : "", o.name.c_str(), o.seconds, o.peak_bytes,
+                    static_cast<double>(o.max_kv), static_cast<double>(o.max_logits),
+                    o.tokens_match ? "true" : "false");
+      js << buf;
+      if (o.name == "budgeted") {
+        std::snprintf(buf, sizeof buf,
+                      ", \"budget\": %zu, \"policy\": \"%s\", \"block_size\": %zu, \"steps\": %zu, "
+                      "\"steps_lower_bound\": %zu, \"chunked_prompts\": %zu",
+                      budget, fill ? "fill" : "whole", block_size, o.steps, o.steps_lower_bound,
+                      o.chunked);
+        js << buf;
+      }
+      js << "}";
+    }
+    std::snprintf(buf, sizeof buf,
+                  "}, \"max_abs_diff_kv\": %.3g, \"max_abs_diff_logits\": %.3g, "
+                  "\"greedy_tokens_match\": %s, \"model\": {\"vocab\": %d, \"hidden\": %d, "
+                  "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, "
+                  "\"rope_theta\": %g}}\n",
+                  static_cast<double>(max_kv), static_cast<double>(max_lg),
+                  agree ? "true" : "false", c.vocab, c.hidden, c.n_layers, c.n_heads,
+                  c.n_kv_heads, c.head_size(), c.ffn, c.rope_theta);
+    js << buf;
+    std::fputs(js.str().c_str(), stdout);
     return agree ? 0 : 1;
   }
 
   std::printf("prepack demo: %zu prompts (%s), lengths %d..%d, %zu tokens\n", len.size(),
               workload.c_str(), *std::min_element(len.begin(), len.end()), longest, useful);
   std::printf(
-      "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %d threads\n\n",
-      c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab,
-      packed.result.profile.n_threads);
+      "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %d threads, "
+      "%s GEMMs\n\n",
+      c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab, n_threads,
+      ref::backend_name(backend));
   std::printf("plan (%s, capacity %d%s): %zu rows, %zu slots, fill %.1f%%\n",
               bfd ? "best-fit" : "first-fit", plan.capacity,
               fit ? (" fitted to --max-pad " + a.str("--max-pad", "")).c_str() : "", plan.n_rows(),
               plan.slots(),
               100.0 * static_cast<double>(useful) / static_cast<double>(plan.slots()));
-  std::printf("  padding computes %zu slots (%.2fx the useful tokens), prepacking %zu (%.2fx)\n\n",
+  std::printf("  padding computes %zu slots (%.2fx the useful tokens), prepacking %zu (%.2fx)\n",
               padded_slots, static_cast<double>(padded_slots) / static_cast<double>(useful),
               plan.slots(), static_cast<double>(plan.slots()) / static_cast<double>(useful));
-  std::printf("%-34s %10s %12s\n", "", "seconds", "peak memory");
-  std::printf("%-34s %10.3f %12s\n", "padded (left, dense mask)", padded.seconds,
-              mib(padded.result.memory.peak_bytes).c_str());
-  std::printf(
-      "%-34s %10.3f %12s\n",
-      path == ref::attention::dense ? "prepacked (dense mask)" : "prepacked (segment attention)",
-      packed.seconds, mib(packed.result.memory.peak_bytes).c_str());
-  std::printf("%-34s %9.2fx %11.2fx\n\n", "padded / prepacked", speedup, mem_ratio);
-  std::printf("max |difference| from prefilling each prompt alone:\n");
-  std::printf("  padded:    KV %.2g, last-token logits %.2g\n", static_cast<double>(kv_padded),
-              static_cast<double>(lg_padded));
-  std::printf("  prepacked: KV %.2g, last-token logits %.2g\n\n", static_cast<double>(kv_packed),
-              static_cast<double>(lg_packed));
-  std::printf("greedy continuations (%d tokens), first prompts:\n", new_tokens);
+  if (budgeted) {
+    const outcome& b = methods[2];
+    std::printf("  budgeted (%s, %zu tokens a step, blocks of %zu): %zu steps, lower bound %zu, "
+                "%zu prompts chunked, no pad slot\n",
+                fill ? "fill" : "whole prompts first", budget, block_size, b.steps,
+                b.steps_lower_bound, b.chunked);
+  }
+  std::printf("\n%-34s %10s %12s %10s %10s\n", "", "seconds", "peak memory", "vs padded",
+              "memory");
+  const char* labels[] = {"padded (left, dense mask)",
+                          path == ref::attention::dense ? "prepacked (dense mask)"
+                                                        : "prepacked (segment attention)",
+                          "budgeted steps over a paged pool"};
+  for (std::size_t k = 0; k < methods.size(); ++k) {
+    const outcome& o = methods[k];
+    std::printf("%-34s %10.3f %12s %9.2fx %9.2fx\n", labels[k], o.seconds,
+                mib(o.peak_bytes).c_str(), padded.seconds / o.seconds,
+                static_cast<double>(padded.peak_bytes) / static_cast<double>(o.peak_bytes));
+  }
+  std::printf("\nmax |difference| from prefilling each prompt alone:\n");
+  for (const outcome& o : methods) {
+    std::printf("  %-10s KV %.2g, last-token logits %.2g\n", (o.name + ":").c_str(),
+                static_cast<double>(o.max_kv), static_cast<double>(o.max_logits));
+  }
+  std::printf("\ngreedy continuations (%d tokens), first prompts:\n", new_tokens);
   for (std::size_t i = 0; i < std::min<std::size_t>(3, len.size()); ++i) {
-    const auto show = [&](const char* name, const std::vector<int>& t) {
-      std::printf("  prompt %zu %-9s", i, name);
+    const auto show = [&](const std::string& name, const std::vector<int>& t) {
+      std::printf("  prompt %zu %-10s", i, name.c_str());
       for (int x : t) std::printf(" %d", x);
       std::printf("\n");
     };
-    show("alone", g_alone.tokens[i]);
-    show("padded", g_padded.tokens[i]);
-    show("prepacked", g_packed.tokens[i]);
+    show("alone", want.tokens[i]);
+    for (std::size_t k = 0; k < methods.size(); ++k) show(methods[k].name, decoded[k].tokens[i]);
   }
+  std::string names = "alone";
+  for (const outcome& o : methods) names += (&o == &methods.back() ? " and " : ", ") + o.name;
+  bool match = true;
+  for (const outcome& o : methods) match = match && o.tokens_match;
   std::printf("greedy tokens of all %zu prompts: %s\n", len.size(),
-              match ? "identical across alone, padded and prepacked" : "DIFFER");
-  if (!agree) std::fprintf(stderr, "prepack_demo: padded and prepacked results disagree\n");
+              match ? ("identical across " + names).c_str() : "DIFFER");
+  if (!agree) std::fprintf(stderr, "prepack_demo: a method's results disagree with prefilling alone\n");
   return agree ? 0 : 1;
 }
 

@@ -1,7 +1,8 @@
 // Tests of prepack/reference: the heart of the suite. Prefilling a packed batch (both attention
 // paths, both packers) or a padded batch (left and right) gives every prompt the KV cache and
-// last-token logits it gets when prefilled alone, and the same greedy continuation; the kernel
-// alone agrees with a plain-loop forward pass written here in double precision.
+// last-token logits it gets when prefilled alone, and the same greedy continuation, on every
+// GEMM backend of the build; the kernel alone agrees with a plain-loop forward pass written here
+// in double precision (biases and tied embeddings included).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,205 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "common.hpp"
-#include "prepack/reference.hpp"
+#include "reference_common.hpp"
 
 namespace {
 
 namespace ref = prepack::reference;
+using namespace test;
 constexpr double kTolerance = 1e-4;
-
-// ---- an independent forward pass: plain loops, double precision, one prompt ----
-
-struct naive_result {
-  std::vector<std::vector<double>> k, v;  // [layer][position * kv_dim + head * head_dim + d]
-  std::vector<double> logits;             // [vocab]
-};
-
-std::vector<double> naive_norm(const std::vector<double>& x, const ref::vector& w, double eps) {
-  double ms = 0;
-  for (double e : x) ms += e * e;
-  ms /= static_cast<double>(x.size());
-  std::vector<double> out(x.size());
-  for (std::size_t j = 0; j < x.size(); ++j)
-    out[j] = x[j] / std::sqrt(ms + eps) * w[static_cast<Eigen::Index>(j)];
-  return out;
-}
-
-std::vector<double> naive_linear(const std::vector<double>& x, const ref::matrix& w) {
-  std::vector<double> out(static_cast<std::size_t>(w.cols()), 0.0);
-  for (Eigen::Index i = 0; i < w.rows(); ++i) {
-    for (Eigen::Index j = 0; j < w.cols(); ++j)
-      out[static_cast<std::size_t>(j)] += x[static_cast<std::size_t>(i)] * w(i, j);
-  }
-  return out;
-}
-
-void naive_rope(double* x, int head_dim, int pos, double theta) {
-  const int half = head_dim / 2;
-  for (int i = 0; i < half; ++i) {
-    const double a = pos * std::pow(theta, -2.0 * i / (2 * half));
-    const double x1 = x[i], x2 = x[i + half];
-    x[i] = x1 * std::cos(a) - x2 * std::sin(a);
-    x[i + half] = x2 * std::cos(a) + x1 * std::sin(a);
-  }
-}
-
-naive_result naive_prefill(const ref::model& m, const std::vector<int>& tokens) {
-  const ref::config& c = m.cfg();
-  const ref::weights& w = m.params();
-  const std::size_t n = tokens.size();
-  const int hd = c.head_size(), group = c.n_heads / c.n_kv_heads;
-  std::vector<std::vector<double>> h(n, std::vector<double>(static_cast<std::size_t>(c.hidden)));
-  for (std::size_t t = 0; t < n; ++t) {
-    for (int j = 0; j < c.hidden; ++j) h[t][static_cast<std::size_t>(j)] = w.embed(tokens[t], j);
-  }
-  naive_result out;
-  for (const ref::layer_weights& lw : w.layers) {
-    std::vector<std::vector<double>> q(n), k(n), v(n);
-    for (std::size_t t = 0; t < n; ++t) {
-      const auto x = naive_norm(h[t], lw.attn_norm, c.rms_eps);
-      q[t] = naive_linear(x, lw.wq);
-      k[t] = naive_linear(x, lw.wk);
-      v[t] = naive_linear(x, lw.wv);
-      for (int a = 0; a < c.n_heads; ++a)
-        naive_rope(q[t].data() + a * hd, hd, static_cast<int>(t), c.rope_theta);
-      for (int g = 0; g < c.n_kv_heads; ++g)
-        naive_rope(k[t].data() + g * hd, hd, static_cast<int>(t), c.rope_theta);
-    }
-    std::vector<double> kflat, vflat;
-    for (std::size_t t = 0; t < n; ++t) {
-      kflat.insert(kflat.end(), k[t].begin(), k[t].end());
-      vflat.insert(vflat.end(), v[t].begin(), v[t].end());
-    }
-    out.k.push_back(kflat);
-    out.v.push_back(vflat);
-    for (std::size_t t = 0; t < n; ++t) {
-      std::vector<double> att(static_cast<std::size_t>(c.q_dim()), 0.0);
-      for (int a = 0; a < c.n_heads; ++a) {
-        const int g = a / group;
-        std::vector<double> s(t + 1);
-        double mx = -1e300;
-        for (std::size_t j = 0; j <= t; ++j) {
-          double dot = 0;
-          for (int d = 0; d < hd; ++d)
-            dot += q[t][static_cast<std::size_t>(a * hd + d)] *
-                   k[j][static_cast<std::size_t>(g * hd + d)];
-          s[j] = dot / std::sqrt(static_cast<double>(hd));
-          mx = std::max(mx, s[j]);
-        }
-        double sum = 0;
-        for (double& e : s) sum += (e = std::exp(e - mx));
-        for (std::size_t j = 0; j <= t; ++j) {
-          for (int d = 0; d < hd; ++d)
-            att[static_cast<std::size_t>(a * hd + d)] +=
-                s[j] / sum * v[j][static_cast<std::size_t>(g * hd + d)];
-        }
-      }
-      const auto o = naive_linear(att, lw.wo);
-      for (std::size_t j = 0; j < o.size(); ++j) h[t][j] += o[j];
-      const auto x = naive_norm(h[t], lw.mlp_norm, c.rms_eps);
-      auto gate = naive_linear(x, lw.w_gate);
-      const auto up = naive_linear(x, lw.w_up);
-      for (std::size_t j = 0; j < gate.size(); ++j)
-        gate[j] = gate[j] / (1.0 + std::exp(-gate[j])) * up[j];
-      const auto dn = naive_linear(gate, lw.w_down);
-      for (std::size_t j = 0; j < dn.size(); ++j) h[t][j] += dn[j];
-    }
-  }
-  out.logits = naive_linear(naive_norm(h[n - 1], w.final_norm, c.rms_eps), w.lm_head);
-  return out;
-}
-
-// ---- random models and prompt sets ----
-
-ref::config random_config(std::mt19937_64& rng) {
-  ref::config c;
-  const int kv[] = {1, 2, 3}, grp[] = {1, 2, 4}, hds[] = {3, 4, 5, 7, 8, 16};
-  c.n_kv_heads = kv[rng() % 3];
-  c.n_heads = c.n_kv_heads * grp[rng() % 3];
-  c.head_dim = hds[rng() % 6];
-  c.hidden = 8 + static_cast<int>(rng() % 48);
-  c.ffn = 8 + static_cast<int>(rng() % 80);
-  c.n_layers = 1 + static_cast<int>(rng() % 4);
-  c.vocab = 32 + static_cast<int>(rng() % 200);
-  c.rope_theta = rng() % 2 ? 10000.0 : 500000.0;
-  c.pad_id = static_cast<int>(rng() % static_cast<std::uint64_t>(c.vocab));
-  return c;
-}
-
-std::vector<int> random_prompt_lengths(std::mt19937_64& rng, int kind) {
-  switch (kind % 4) {
-    case 0:
-      return test::random_lengths(rng, 4 + rng() % 12, 1, 300);  // uniform 1..300
-    case 1:
-      return std::vector<int>(6, 1 + static_cast<int>(rng() % 120));  // all equal
-    case 2: {                                                         // one long, many short
-      auto len = test::random_lengths(rng, 16, 1, 12);
-      len[rng() % len.size()] = 250 + static_cast<int>(rng() % 51);
-      return len;
-    }
-    default:
-      return test::heavy_tailed_lengths(rng, 12, 200);
-  }
-}
-
-std::vector<std::vector<int>> random_prompts(std::mt19937_64& rng, const std::vector<int>& len,
-                                             int vocab) {
-  std::vector<std::vector<int>> p(len.size());
-  for (std::size_t i = 0; i < len.size(); ++i) {
-    for (int t = 0; t < len[i]; ++t)
-      p[i].push_back(static_cast<int>(rng() % static_cast<std::uint64_t>(vocab)));
-  }
-  return p;
-}
-
-std::vector<int> lengths_of(const std::vector<std::vector<int>>& prompts) {
-  std::vector<int> len;
-  for (const auto& p : prompts) len.push_back(static_cast<int>(p.size()));
-  return len;
-}
-
-// Largest |a - b| over every prompt's keys, values (real positions) and logits.
-struct diff {
-  double kv = 0, logits = 0;
-};
-
-diff compare(const std::vector<ref::kv_cache>& a, const ref::matrix& la,
-             const std::vector<ref::kv_cache>& b, const ref::matrix& lb) {
-  diff d;
-  EXPECT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].length, b[i].length);
-    for (int layer = 0; layer < a[i].n_layers; ++layer) {
-      for (int g = 0; g < a[i].n_kv_heads; ++g) {
-        for (std::size_t p = 0; p < a[i].length; ++p) {
-          for (int e = 0; e < a[i].head_dim; ++e) {
-            d.kv = std::max<double>(d.kv,
-                                    std::abs(a[i].key(layer, g, p)[e] - b[i].key(layer, g, p)[e]));
-            d.kv = std::max<double>(
-                d.kv, std::abs(a[i].value(layer, g, p)[e] - b[i].value(layer, g, p)[e]));
-          }
-        }
-      }
-    }
-  }
-  d.logits = (la - lb).cwiseAbs().maxCoeff();
-  return d;
-}
-
-// Greedy continuations agree, unless the reference itself was at a near-tie where they split.
-void expect_same_tokens(const ref::decode_result& want, const ref::decode_result& got,
-                        const std::string& what) {
-  for (std::size_t i = 0; i < want.tokens.size(); ++i) {
-    for (std::size_t k = 0; k < want.tokens[i].size(); ++k) {
-      if (want.tokens[i][k] == got.tokens[i][k]) continue;
-      EXPECT_LT(want.margins[i][k], 1e-3f)
-          << what << ": prompt " << i << " token " << k << " differs with a clear margin";
-      break;  // after a legitimate near-tie split the continuations may differ
-    }
-  }
-}
 
 struct method {
   const char* name;
@@ -238,84 +47,119 @@ const method kMethods[] = {
 };
 
 TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
-  std::mt19937_64 rng(1);
-  double worst = 0;
-  for (int trial = 0; trial < 10; ++trial) {
-    const ref::config c = random_config(rng);
-    const ref::model m(c, rng());
-    const auto prompts =
-        random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25), c.vocab);
-    const auto [caches, logits] = ref::prefill_alone(m, prompts);
-    for (std::size_t i = 0; i < prompts.size(); ++i) {
-      const naive_result n = naive_prefill(m, prompts[i]);
-      const int hd = c.head_size();
-      for (int layer = 0; layer < c.n_layers; ++layer) {
-        for (std::size_t p = 0; p < prompts[i].size(); ++p) {
-          for (int g = 0; g < c.n_kv_heads; ++g) {
-            for (int e = 0; e < hd; ++e) {
-              const std::size_t at =
-                  p * static_cast<std::size_t>(c.kv_dim()) + static_cast<std::size_t>(g * hd + e);
-              worst = std::max(worst, std::abs(caches[i].key(layer, g, p)[e] -
-                                               n.k[static_cast<std::size_t>(layer)][at]));
-              worst = std::max(worst, std::abs(caches[i].value(layer, g, p)[e] -
-                                               n.v[static_cast<std::size_t>(layer)][at]));
+  for (ref::gemm_backend be : backends()) {
+    std::mt19937_64 rng(1);
+    double worst = 0;
+    int biased = 0, tied = 0;
+    for (int trial = 0; trial < 12; ++trial) {
+      const ref::config c = random_config(rng);
+      const std::uint64_t seed = rng();
+      const ref::weights w = ref::random_weights(c, seed);
+      const ref::model m(c, seed);
+      biased += c.qkv_bias;
+      tied += c.tied_embeddings;
+      const auto prompts = random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25),
+                                          c.vocab);
+      const auto [cache, logits] =
+          ref::prefill_alone(m, prompts, 0, {ref::attention::segment, 0, be});
+      const std::size_t kv = static_cast<std::size_t>(c.kv_dim());
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        const naive_result n = naive_prefill(c, w, prompts[i]);
+        const auto& seq = cache.seqs[i];
+        for (int layer = 0; layer < c.n_layers; ++layer) {
+          for (std::size_t p = 0; p < prompts[i].size(); ++p) {
+            const std::size_t at = seq.slot(p, cache.pool.block_size()) * kv;
+            for (std::size_t e = 0; e < kv; ++e) {
+              const std::size_t want = p * kv + e;
+              worst = std::max(worst, std::abs(cache.pool.keys(layer)[at + e] -
+                                               n.k[static_cast<std::size_t>(layer)][want]));
+              worst = std::max(worst, std::abs(cache.pool.values(layer)[at + e] -
+                                               n.v[static_cast<std::size_t>(layer)][want]));
             }
           }
         }
-      }
-      for (int j = 0; j < c.vocab; ++j) {
-        worst = std::max(worst, std::abs(logits(static_cast<Eigen::Index>(i), j) -
-                                         n.logits[static_cast<std::size_t>(j)]));
+        for (int j = 0; j < c.vocab; ++j) {
+          worst = std::max(worst, std::abs(logits(static_cast<Eigen::Index>(i), j) -
+                                           n.logits[static_cast<std::size_t>(j)]));
+        }
       }
     }
+    std::printf("[%s] kernel alone vs plain loops (double): max abs diff %.3g (%d configs with "
+                "biases, %d tied)\n",
+                ref::backend_name(be), worst, biased, tied);
+    EXPECT_LE(worst, kTolerance) << ref::backend_name(be);
+    EXPECT_GT(biased, 0);
+    EXPECT_GT(tied, 0);
   }
-  std::printf("kernel alone vs plain loops (double): max abs diff %.3g\n", worst);
-  EXPECT_LE(worst, kTolerance);
 }
 
 TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
-  std::mt19937_64 rng(2);
-  diff worst[std::size(kMethods)];
-  int near_ties = 0;
-  for (int trial = 0; trial < 12; ++trial) {
+  for (ref::gemm_backend be : backends()) {
+    std::mt19937_64 rng(2);
+    diff worst[std::size(kMethods)];
+    int near_ties = 0;
+    for (int trial = 0; trial < 10; ++trial) {
+      const ref::config c = random_config(rng);
+      const ref::model m(c, rng());
+      const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
+      const auto len = lengths_of(prompts);
+      const int new_tokens = 8;
+      auto [alone, alone_logits] =
+          ref::prefill_alone(m, prompts, new_tokens, {ref::attention::segment, 0, be});
+      const auto want = ref::greedy_decode(m, alone, alone_logits, new_tokens, {0, be});
+      for (const auto& k : want.margins) {
+        near_ties +=
+            static_cast<int>(std::count_if(k.begin(), k.end(), [](float x) { return x < 1e-3f; }));
+      }
+      auto [fresh, fresh_logits] =
+          ref::prefill_alone(m, prompts, new_tokens, {ref::attention::segment, 0, be});
+      const int longest = *std::max_element(len.begin(), len.end());
+      for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
+        const method& me = kMethods[mi];
+        const std::optional<int> cap =
+            me.larger_capacity ? std::optional<int>(longest + 37) : std::nullopt;
+        const auto plan =
+            me.padded ? prepack::padded(len, me.side, cap) : prepack::make_plan(me.packer, len, cap);
+        const auto l = prepack::make_layout(plan, prompts, {c.pad_id, 1});
+        const auto r = m.prefill(l, {me.path, 0, be});
+        for (float e : r.keys) ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite key";
+        for (float e : r.values) ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite value";
+        auto caches = ref::unpack_caches(m, l, r, new_tokens);
+        const diff d = compare(fresh, fresh_logits, caches, r.logits);
+        worst[mi].kv = std::max(worst[mi].kv, d.kv);
+        worst[mi].logits = std::max(worst[mi].logits, d.logits);
+        ASSERT_LE(d.kv, kTolerance) << me.name << " trial " << trial;
+        ASSERT_LE(d.logits, kTolerance) << me.name << " trial " << trial;
+        const auto got = ref::greedy_decode(m, caches, r.logits, new_tokens, {0, be});
+        expect_same_tokens(want, got, me.name);
+      }
+    }
+    for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
+      std::printf("[%s] %-20s vs alone: max abs diff KV %.3g, logits %.3g\n",
+                  ref::backend_name(be), kMethods[mi].name, worst[mi].kv, worst[mi].logits);
+    }
+    std::printf("greedy steps at a near-tie (margin < 1e-3) in the reference: %d\n", near_ties);
+  }
+}
+
+// Eigen and oneDNN compute the same function (when the build has both).
+TEST(Reference, BackendsAgree) {
+  if (!ref::onednn_available()) GTEST_SKIP() << "this build has no oneDNN";
+  std::mt19937_64 rng(6);
+  double worst = 0;
+  for (int trial = 0; trial < 6; ++trial) {
     const ref::config c = random_config(rng);
     const ref::model m(c, rng());
     const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
-    const auto len = lengths_of(prompts);
-    const int new_tokens = 8;
-    const auto [alone, alone_logits] = ref::prefill_alone(m, prompts, new_tokens);
-    auto decoded = alone;  // greedy_decode appends to the caches it is given
-    const auto want = ref::greedy_decode(m, decoded, alone_logits, new_tokens);
-    for (const auto& k : want.margins)
-      near_ties +=
-          static_cast<int>(std::count_if(k.begin(), k.end(), [](float x) { return x < 1e-3f; }));
-    const int longest = *std::max_element(len.begin(), len.end());
-    for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
-      const method& me = kMethods[mi];
-      const std::optional<int> cap =
-          me.larger_capacity ? std::optional<int>(longest + 37) : std::nullopt;
-      const auto plan =
-          me.padded ? prepack::padded(len, me.side, cap) : prepack::make_plan(me.packer, len, cap);
-      const auto l = prepack::make_layout(plan, prompts, {c.pad_id, 1});
-      const auto r = m.prefill(l, {me.path, 0});
-      for (float e : r.keys)
-        ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite key (pad slot?)";
-      for (float e : r.values) ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite value";
-      auto caches = ref::unpack_caches(m, l, r, new_tokens);
-      const diff d = compare(alone, alone_logits, caches, r.logits);
-      worst[mi].kv = std::max(worst[mi].kv, d.kv);
-      worst[mi].logits = std::max(worst[mi].logits, d.logits);
-      ASSERT_LE(d.kv, kTolerance) << me.name << " trial " << trial;
-      ASSERT_LE(d.logits, kTolerance) << me.name << " trial " << trial;
-      const auto got = ref::greedy_decode(m, caches, r.logits, new_tokens);
-      expect_same_tokens(want, got, me.name);
-    }
+    const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts);
+    const auto a = m.prefill(l, {ref::attention::segment, 0, ref::gemm_backend::eigen});
+    const auto b = m.prefill(l, {ref::attention::segment, 0, ref::gemm_backend::onednn});
+    EXPECT_EQ(a.profile.backend, ref::gemm_backend::eigen);
+    EXPECT_EQ(b.profile.backend, ref::gemm_backend::onednn);
+    worst = std::max<double>(worst, (a.logits - b.logits).cwiseAbs().maxCoeff());
   }
-  for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
-    std::printf("%-20s vs alone: max abs diff KV %.3g, logits %.3g\n", kMethods[mi].name,
-                worst[mi].kv, worst[mi].logits);
-  }
-  std::printf("greedy steps at a near-tie (margin < 1e-3) in the reference: %d\n", near_ties);
+  std::printf("eigen vs onednn: max abs diff logits %.3g\n", worst);
+  EXPECT_LE(worst, kTolerance);
 }
 
 TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
@@ -345,6 +189,7 @@ TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
   EXPECT_LE(dk, kTolerance);
   EXPECT_LE(dl, kTolerance);
   EXPECT_EQ(a.profile.n_threads, 1);
+  EXPECT_EQ(b.profile.n_threads, 2);
 }
 
 TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
@@ -357,26 +202,22 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
   const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts,
                                       {c.pad_id, 1});
   const auto mask = prepack::additive_mask(l);
-  const auto a = m.prefill_masked(
-      l.n_rows(), l.width(), l.tokens(), l.positions(), prepack::span<const float>(mask),
-      l.last_token());
+  const auto a = m.prefill_masked(l.n_rows(), l.width(), l.tokens(), l.positions(),
+                                  prepack::span<const float>(mask), l.last_token());
   const auto b = m.prefill(l, {ref::attention::segment, 0});
-  const double dl = (a.logits - b.logits).cwiseAbs().maxCoeff();
   const auto ca = ref::unpack_caches(m, l, a), cb = ref::unpack_caches(m, l, b);
   const diff d = compare(ca, a.logits, cb, b.logits);
-  std::printf("prefill_masked vs prefill: max abs diff KV %.3g, logits %.3g\n", d.kv, dl);
+  std::printf("prefill_masked vs prefill: max abs diff KV %.3g, logits %.3g\n", d.kv, d.logits);
   EXPECT_LE(d.kv, kTolerance);
-  EXPECT_LE(dl, kTolerance);
+  EXPECT_LE(d.logits, kTolerance);
   const std::vector<int> bad_out{static_cast<int>(l.n_slots())};
-  EXPECT_PREPACK_ERROR(
-      m.prefill_masked(l.n_rows(), l.width(), l.tokens(), l.positions(),
-                       prepack::span<const float>(mask),
-                       prepack::span<const int>(bad_out)),
-      "output slot 0");
-  EXPECT_PREPACK_ERROR(
-      m.prefill_masked(l.n_rows() + 1, l.width(), l.tokens(), l.positions(),
-                       prepack::span<const float>(mask), l.last_token()),
-      "tokens: ");
+  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows(), l.width(), l.tokens(), l.positions(),
+                                        prepack::span<const float>(mask),
+                                        prepack::span<const int>(bad_out)),
+                       "output slot 0");
+  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows() + 1, l.width(), l.tokens(), l.positions(),
+                                        prepack::span<const float>(mask), l.last_token()),
+                       "tokens: ");
 }
 
 TEST(Reference, MemoryAccountingFollowsTheBuffers) {
@@ -389,7 +230,8 @@ TEST(Reference, MemoryAccountingFollowsTheBuffers) {
   const auto padded = prepack::make_layout(prepack::padded(len), prompts);
   const auto rp = m.prefill(packed, {ref::attention::dense, 1});
   const auto rd = m.prefill(padded, {ref::attention::dense, 1});
-  // 2 (K and V) * layers * slots * kv_dim floats.
+  // 2 (K and V) * layers * slots * kv_dim floats: the result's own buffers.
+  EXPECT_EQ(rp.memory.kv_bytes, (rp.keys.size() + rp.values.size()) * sizeof(float));
   EXPECT_EQ(rp.memory.kv_bytes, 2u * 2u * packed.n_slots() * 64u * 4u);
   EXPECT_EQ(rp.memory.mask_bytes, packed.n_rows() * 100u * 100u * 4u);
   EXPECT_EQ(rd.memory.mask_bytes, 6u * 100u * 100u * 4u);
@@ -436,6 +278,13 @@ TEST(ReferenceErrors, ConfigAndWeights) {
   auto w2 = ref::random_weights(g, 1);
   w2.layers.pop_back();
   EXPECT_PREPACK_ERROR(ref::model(g, w2), "weights: 1 layers, config has 2");
+  ref::config biased = g;
+  biased.qkv_bias = true;
+  EXPECT_PREPACK_ERROR(ref::model(biased, ref::random_weights(g, 1)),
+                       "weights: layers[0].bq has 0 entries, expected 128");
+  ref::config tied = g;
+  tied.tied_embeddings = true;
+  EXPECT_PREPACK_ERROR(ref::model(tied, ref::random_weights(g, 1)), "lm_head (tied to embed)");
 }
 
 TEST(ReferenceErrors, BadTokensAndForeignLayouts) {
@@ -454,26 +303,33 @@ TEST(ReferenceErrors, BadTokensAndForeignLayouts) {
   const auto r = m.prefill(good);
   EXPECT_PREPACK_ERROR(ref::unpack_caches(m, other, r), "another batch");
   EXPECT_PREPACK_ERROR(m.prefill(good, {ref::attention::segment, -2}), "n_threads -2");
+  EXPECT_PREPACK_ERROR(m.prefill(prepack::packed_layout<>()), "layout: empty");
+  const std::vector<long long> ctx{2, 0};
+  const std::vector<int> toks{1, 2, 3, 4, 5};
+  const auto chunk = prepack::make_layout(prepack::first_fit_decreasing(len),
+                                          prepack::span<const int>(toks),
+                                          prepack::span<const long long>(ctx));
+  EXPECT_PREPACK_ERROR(m.prefill(chunk), "prompt 0: context 2: a packed prefill has no cache");
+  if (!ref::onednn_available()) {
+    EXPECT_PREPACK_ERROR(m.prefill(good, {ref::attention::segment, 0, ref::gemm_backend::onednn}),
+                         "this build has no oneDNN");
+  }
 }
 
 TEST(ReferenceErrors, DecodeNeedsRoomAndMatchingShapes) {
   ref::config c;
   const ref::model m(c, 1);
   const std::vector<std::vector<int>> prompts{{1, 2, 3}, {4}};
-  auto [caches, logits] = ref::prefill_alone(m, prompts, 2);
-  const auto before = caches[0].keys;
-  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, caches, logits, 4),
-                       "cache 0: capacity 5 cannot hold 3 more positions after 3");
-  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, caches, logits.topRows(1), 2),
-                       "last_logits: 1 x 512 for 2 caches");
-  ref::config other = c;
-  other.n_layers = 3;
-  EXPECT_PREPACK_ERROR(ref::greedy_decode(ref::model(other, 1), caches, logits, 2),
-                       "cache 0: shape does not match");
-  EXPECT_EQ(caches[0].keys, before);
-  EXPECT_EQ(caches[0].length, 3u);
-  EXPECT_EQ(ref::greedy_decode(m, caches, logits, 3).tokens[1].size(), 3u);
-  EXPECT_EQ(caches[1].length, 3u);
+  // Blocks of 4: room for 4 positions each.
+  auto [cache, logits] = ref::prefill_alone(m, prompts, 1, {}, 4);
+  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, cache, logits, 3),
+                       "sequence 0: its blocks hold 4 positions, 2 more after 3 do not fit");
+  EXPECT_PREPACK_ERROR(ref::greedy_decode(m, cache, logits.topRows(1), 2),
+                       "first_logits: 1 x 512 for 2 sequences");
+  EXPECT_EQ(cache.seqs[0].length, 3u);
+  EXPECT_EQ(ref::greedy_decode(m, cache, logits, 2).tokens[1].size(), 2u);
+  EXPECT_EQ(cache.seqs[0].length, 4u);
+  EXPECT_EQ(cache.seqs[1].length, 2u);
 }
 
 }  // namespace

@@ -13,6 +13,26 @@ if(MODE STREQUAL "find_package")
   if(NOT EXISTS ${WORK}/prefix/share/cmake/prepack/prepack-config-version.cmake)
     message(FATAL_ERROR "the install has no prepack-config-version.cmake")
   endif()
+  # The pkg-config file: a program built with nothing but its flags.
+  find_program(PKG_CONFIG pkg-config)
+  if(PKG_CONFIG)
+    set(ENV{PKG_CONFIG_PATH} ${WORK}/prefix/share/pkgconfig)
+    execute_process(COMMAND ${PKG_CONFIG} --cflags prepack OUTPUT_VARIABLE pc_flags
+                    OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+    if(rc)
+      message(FATAL_ERROR "pkg-config --cflags prepack failed")
+    endif()
+    separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
+    execute_process(COMMAND ${CXX} ${pc_flags} ${CMAKE_CURRENT_LIST_DIR}/consumer.cpp
+                            -o ${WORK}/consumer_pkgconfig RESULT_VARIABLE rc)
+    if(rc)
+      message(FATAL_ERROR "building with pkg-config's flags for prepack failed")
+    endif()
+    execute_process(COMMAND ${WORK}/consumer_pkgconfig RESULT_VARIABLE rc)
+    if(rc)
+      message(FATAL_ERROR "the pkg-config consumer failed")
+    endif()
+  endif()
 endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${src} -B ${WORK}/build -DPREPACK_SOURCE=${PREPACK_SOURCE}
                         -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release ${extra}

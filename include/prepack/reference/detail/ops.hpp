@@ -1,5 +1,5 @@
-// prepack/reference/detail/ops.hpp - the reference model's operations, one small function
-// each, on row-major [tokens][features] activations. Plain loops where Eigen adds nothing.
+// prepack/reference/detail/ops.hpp - the reference model's elementwise operations, one small
+// function each, on row-major [tokens][features] activations.
 #pragma once
 
 #include <Eigen/Core>
@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "../../config.hpp"
@@ -20,14 +21,11 @@ using vector = Eigen::VectorXf;
 
 namespace detail {
 
-// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for each token t. out may alias x.
-template <class In, class Out>
-void rms_norm(const In& x, const vector& w, float eps, Out& out) {
-  for (Eigen::Index t = 0; t < x.rows(); ++t) {
-    const float ms = x.row(t).squaredNorm() / static_cast<float>(x.cols());
-    const float scale = 1.0f / std::sqrt(ms + eps);
-    out.row(t) = (x.row(t).array() * scale * w.transpose().array()).matrix();
-  }
+// 1 / sqrt(mean(x^2) + eps) of one token's n features: RMSNorm's scale. The norm's weight is
+// folded into the next projection's rows, so normalising a token is this one scalar.
+inline float rms_scale(const float* x, std::size_t n, float eps) {
+  const Eigen::Map<const Eigen::ArrayXf> a(x, static_cast<Eigen::Index>(n));
+  return 1.0f / std::sqrt(a.square().sum() / static_cast<float>(n) + eps);
 }
 
 // cos/sin of every (position, frequency) pair a batch needs, rotate-half convention.
@@ -44,11 +42,11 @@ inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max
       static_cast<std::size_t>(max_position + 1) * static_cast<std::size_t>(r.half);
   r.cos.resize(n);
   r.sin.resize(n);
-  for (std::int64_t p = 0; p <= max_position; ++p) {
-    for (int i = 0; i < r.half; ++i) {
-      // inv_freq_i = theta^(-2i / rotary_dim), computed in double as Hugging Face does in fp32
-      // from an fp32 exponent: the same value for the same position in every batch shape.
-      const double inv_freq = std::pow(theta, -2.0 * i / rotary_dim);
+  for (int i = 0; i < r.half; ++i) {
+    // inv_freq_i = theta^(-2i / rotary_dim), in double: the same value for the same position in
+    // every batch shape.
+    const double inv_freq = std::pow(theta, -2.0 * i / rotary_dim);
+    for (std::int64_t p = 0; p <= max_position; ++p) {
       const double angle = static_cast<double>(p) * inv_freq;
       const std::size_t k = static_cast<std::size_t>(p) * static_cast<std::size_t>(r.half) +
                             static_cast<std::size_t>(i);
@@ -63,8 +61,9 @@ inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max
 // x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin with x1 = x[0, half), x2 = x[half, 2 half).
 // Features past 2 * half (odd head dims) pass through, as in partial rotary embeddings.
 inline void rope(float* x, const rope_table& r, std::int64_t pos) {
-  const float* c = r.cos.data() + static_cast<std::size_t>(pos) * static_cast<std::size_t>(r.half);
-  const float* s = r.sin.data() + static_cast<std::size_t>(pos) * static_cast<std::size_t>(r.half);
+  const std::size_t at = static_cast<std::size_t>(pos) * static_cast<std::size_t>(r.half);
+  const float* c = r.cos.data() + at;
+  const float* s = r.sin.data() + at;
   for (int i = 0; i < r.half; ++i) {
     const float x1 = x[i], x2 = x[i + r.half];
     x[i] = x1 * c[i] - x2 * s[i];
@@ -72,26 +71,12 @@ inline void rope(float* x, const rope_table& r, std::int64_t pos) {
   }
 }
 
-// In-place softmax of scores[0, n), vectorised; entries equal to -inf get probability exactly 0,
-// and a row that is -inf throughout (a pad query) becomes all zeros instead of NaN.
-inline void softmax(float* scores, std::size_t n) {
-  Eigen::Map<Eigen::ArrayXf> x(scores, static_cast<Eigen::Index>(n));
-  const float max = x.maxCoeff();
-  constexpr float ninf = -std::numeric_limits<float>::infinity();
-  if (max == ninf) {
-    x.setZero();
-    return;
-  }
-  // exp of a clamped argument is tiny but not 0 for -inf: select keeps masked entries at 0.
-  x = (x == ninf).select(0.0f, (x - max).exp());
-  x *= 1.0f / x.sum();
-}
-
-// x <- silu(x) * y = x / (1 + exp(-x)) * y, elementwise over n floats (SwiGLU), vectorised.
-inline void swiglu(float* x, const float* y, std::size_t n) {
-  Eigen::Map<Eigen::ArrayXf> a(x, static_cast<Eigen::Index>(n));
-  Eigen::Map<const Eigen::ArrayXf> b(y, static_cast<Eigen::Index>(n));
-  a = a / (1.0f + (-a).exp()) * b;
+// g <- silu(g * s) * (u * s) over n features: SwiGLU of a token whose gate and up projections
+// were computed from the un-normalised input (s, its RMSNorm scale, applied here).
+inline void swiglu(float* g, const float* u, float s, std::size_t n) {
+  Eigen::Map<Eigen::ArrayXf> a(g, static_cast<Eigen::Index>(n));
+  const Eigen::Map<const Eigen::ArrayXf> b(u, static_cast<Eigen::Index>(n));
+  a = (a * s) / (1.0f + (-(a * s)).exp()) * (b * s);
 }
 
 // Index of the largest logit (the lowest index on ties) and its margin over the runner-up.

@@ -1,0 +1,196 @@
+// prepack/reference/weights.hpp - the reference model's hyper-parameters and parameters in
+// their semantic (Hugging Face) form: one matrix per projection, [in][out] (the transpose of
+// torch.nn.Linear.weight). Checkpoint loaders produce this form; the model prepares its own
+// (fused, folded) copy from it once.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../detail/random.hpp"
+#include "../error.hpp"
+#include "detail/ops.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+namespace reference {
+
+/// Model hyper-parameters. validate() checks them; the model's constructors call it.
+struct config {
+  int vocab = 512;   // token ids are 0 .. vocab - 1
+  int hidden = 128;  // residual stream width
+  int n_layers = 2;
+  int n_heads = 4;     // query heads
+  int n_kv_heads = 2;  // key/value heads; n_heads must be a multiple (grouped-query)
+  int head_dim = 0;    // 0: hidden / n_heads (then hidden must be a multiple of n_heads)
+  int ffn = 256;       // SwiGLU inner width
+  double rope_theta = 10000.0;
+  float rms_eps = 1e-5f;
+  int pad_id = 0;                // token id of pad slots; must be < vocab
+  bool qkv_bias = false;         // Q, K and V projections have biases (Qwen2)
+  bool tied_embeddings = false;  // the LM head is the token embedding (no lm_head matrix)
+
+  int head_size() const noexcept {
+    return head_dim > 0 ? head_dim : (n_heads > 0 ? hidden / n_heads : 0);
+  }
+  int q_dim() const noexcept { return n_heads * head_size(); }
+  int kv_dim() const noexcept { return n_kv_heads * head_size(); }
+  /// Features rotated by RoPE: the head size rounded down to even; an odd last feature passes.
+  int rotary_dim() const noexcept { return head_size() & ~1; }
+  /// Parameters of a model of this shape.
+  double n_params() const noexcept {
+    const double h = hidden, q = q_dim(), kv = kv_dim(), f = ffn, v = vocab;
+    const double per_layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f +
+                             (qkv_bias ? q + 2 * kv : 0);
+    return (tied_embeddings ? 1 : 2) * v * h + h + n_layers * per_layer;
+  }
+
+  /// Throws prepack::error naming the first inconsistent field and its value.
+  void validate() const {
+    using prepack::detail::require;
+    require(vocab > 0, "config: vocab ", vocab);
+    require(hidden > 0, "config: hidden ", hidden);
+    require(n_layers > 0, "config: n_layers ", n_layers);
+    require(n_heads > 0, "config: n_heads ", n_heads);
+    require(n_kv_heads > 0, "config: n_kv_heads ", n_kv_heads);
+    require(n_heads % n_kv_heads == 0, "config: n_heads ", n_heads,
+            " is not a multiple of n_kv_heads ", n_kv_heads);
+    require(head_dim >= 0, "config: head_dim ", head_dim);
+    require(head_dim > 0 || hidden % n_heads == 0, "config: hidden ", hidden,
+            " is not a multiple of n_heads ", n_heads, " (head_dim 0 derives the head size)");
+    require(ffn > 0, "config: ffn ", ffn);
+    require(rope_theta > 1.0 && std::isfinite(rope_theta), "config: rope_theta ", rope_theta);
+    require(rms_eps > 0.0f && std::isfinite(rms_eps), "config: rms_eps ", rms_eps);
+    require(pad_id >= 0 && pad_id < vocab, "config: pad_id ", pad_id, " outside vocab ", vocab);
+  }
+};
+
+/// One decoder layer's parameters; shapes in [rows][cols].
+struct layer_weights {
+  vector attn_norm;  // [hidden]
+  matrix wq;         // [hidden][n_heads * head_dim]
+  matrix wk;         // [hidden][n_kv_heads * head_dim]
+  matrix wv;         // [hidden][n_kv_heads * head_dim]
+  vector bq, bk, bv; // [q_dim], [kv_dim], [kv_dim]  only with config::qkv_bias
+  matrix wo;         // [n_heads * head_dim][hidden]
+  vector mlp_norm;   // [hidden]
+  matrix w_gate;     // [hidden][ffn]
+  matrix w_up;       // [hidden][ffn]
+  matrix w_down;     // [ffn][hidden]
+};
+
+struct weights {
+  matrix embed;                       // [vocab][hidden]
+  std::vector<layer_weights> layers;  // [n_layers]
+  vector final_norm;                  // [hidden]
+  matrix lm_head;                     // [hidden][vocab]  empty with config::tied_embeddings
+};
+
+namespace detail {
+
+using rng = prepack::detail::splitmix;
+
+// A matrix of the given shape with entries of standard deviation `std` (uniform distribution).
+inline matrix random_matrix(rng& g, int rows, int cols, double std) {
+  matrix m(rows, cols);
+  const float a = static_cast<float>(std * std::sqrt(3.0));
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = g.symmetric(a);
+  return m;
+}
+
+inline vector random_vector(rng& g, int n, float center, float spread) {
+  vector v(n);
+  for (Eigen::Index i = 0; i < n; ++i) v[i] = center + g.symmetric(spread);
+  return v;
+}
+
+inline void check_shape(const matrix& m, int rows, int cols, const std::string& name) {
+  prepack::detail::require(m.rows() == rows && m.cols() == cols, "weights: ", name, " is ",
+                           m.rows(), " x ", m.cols(), ", expected ", rows, " x ", cols);
+}
+
+inline void check_shape(const vector& v, int n, const std::string& name) {
+  prepack::detail::require(v.size() == n, "weights: ", name, " has ", v.size(),
+                           " entries, expected ", n);
+}
+
+}  // namespace detail
+
+/// Deterministic weights from a seed, scaled so activations keep a unit scale through many
+/// layers: projections have standard deviation 1/sqrt(fan_in), the residual branches' output
+/// projections a further 1/sqrt(2 n_layers); the LM head is scaled up so greedy choices are
+/// decisive (with tied embeddings the embedding is, and the hidden state is scaled instead by
+/// the final norm). Throws prepack::error if c is invalid.
+inline weights random_weights(const config& c, std::uint64_t seed) {
+  c.validate();
+  detail::rng g(seed);
+  const double residual = 1.0 / std::sqrt(2.0 * c.n_layers);
+  weights w;
+  w.embed = detail::random_matrix(g, c.vocab, c.hidden, 1.0);
+  for (int l = 0; l < c.n_layers; ++l) {
+    layer_weights lw;
+    lw.attn_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
+    lw.wq = detail::random_matrix(g, c.hidden, c.q_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wk = detail::random_matrix(g, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wv = detail::random_matrix(g, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
+    if (c.qkv_bias) {
+      lw.bq = detail::random_vector(g, c.q_dim(), 0.0f, 0.5f);
+      lw.bk = detail::random_vector(g, c.kv_dim(), 0.0f, 0.5f);
+      lw.bv = detail::random_vector(g, c.kv_dim(), 0.0f, 0.5f);
+    }
+    lw.wo = detail::random_matrix(g, c.q_dim(), c.hidden, residual / std::sqrt(c.q_dim()));
+    lw.mlp_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
+    lw.w_gate = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
+    lw.w_up = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
+    lw.w_down = detail::random_matrix(g, c.ffn, c.hidden, residual / std::sqrt(c.ffn));
+    w.layers.push_back(std::move(lw));
+  }
+  if (c.tied_embeddings) {
+    // The head is embed^T: a larger norm weight gives the logits the untied head's scale.
+    w.final_norm = detail::random_vector(g, c.hidden, 4.0f, 0.4f);
+  } else {
+    w.final_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
+    w.lm_head = detail::random_matrix(g, c.hidden, c.vocab, 4.0 / std::sqrt(c.hidden));
+  }
+  return w;
+}
+
+/// Throws prepack::error naming the first parameter whose shape disagrees with c.
+inline void check_weights(const config& c, const weights& w) {
+  c.validate();
+  detail::check_shape(w.embed, c.vocab, c.hidden, "embed");
+  prepack::detail::require(w.layers.size() == static_cast<std::size_t>(c.n_layers),
+                           "weights: ", w.layers.size(), " layers, config has ", c.n_layers);
+  for (std::size_t l = 0; l < w.layers.size(); ++l) {
+    const layer_weights& lw = w.layers[l];
+    const std::string p = "layers[" + std::to_string(l) + "].";
+    detail::check_shape(lw.attn_norm, c.hidden, p + "attn_norm");
+    detail::check_shape(lw.wq, c.hidden, c.q_dim(), p + "wq");
+    detail::check_shape(lw.wk, c.hidden, c.kv_dim(), p + "wk");
+    detail::check_shape(lw.wv, c.hidden, c.kv_dim(), p + "wv");
+    detail::check_shape(lw.bq, c.qkv_bias ? c.q_dim() : 0, p + "bq");
+    detail::check_shape(lw.bk, c.qkv_bias ? c.kv_dim() : 0, p + "bk");
+    detail::check_shape(lw.bv, c.qkv_bias ? c.kv_dim() : 0, p + "bv");
+    detail::check_shape(lw.wo, c.q_dim(), c.hidden, p + "wo");
+    detail::check_shape(lw.mlp_norm, c.hidden, p + "mlp_norm");
+    detail::check_shape(lw.w_gate, c.hidden, c.ffn, p + "w_gate");
+    detail::check_shape(lw.w_up, c.hidden, c.ffn, p + "w_up");
+    detail::check_shape(lw.w_down, c.ffn, c.hidden, p + "w_down");
+  }
+  detail::check_shape(w.final_norm, c.hidden, "final_norm");
+  if (c.tied_embeddings) {
+    detail::check_shape(w.lm_head, 0, 0, "lm_head (tied to embed)");
+  } else {
+    detail::check_shape(w.lm_head, c.hidden, c.vocab, "lm_head");
+  }
+}
+
+/// Bytes of the weights of a model of config c held as fp32, computed without allocating.
+inline double weight_bytes(const config& c) { return 4.0 * c.n_params(); }
+
+}  // namespace reference
+PREPACK_NAMESPACE_END

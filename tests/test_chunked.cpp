@@ -1,0 +1,252 @@
+// Tests of budgeted, chunked prefill over a paged pool (model::forward with step inputs): on
+// random configs and prompt sets, under budgets from 1 up to the total (below the shortest
+// prompt, primes), both policies, block sizes 1, 3 and 16, the pool ends with the K and V of
+// prefilling each prompt alone and the last-token logits agree; greedy decoding from the pool
+// (the same block, one-token chunks) continues identically; blocks no sequence owns stay
+// untouched; the rows form of a step gives the same; bad input is refused before anything is
+// written.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "reference_common.hpp"
+
+namespace {
+
+namespace ref = prepack::reference;
+using namespace test;
+
+constexpr float kSentinel = 1234.5f;
+
+// A pool with every prompt's blocks (room for `extra` more positions) from a shuffled free list,
+// two spare blocks no sequence owns, and every value set to a sentinel.
+ref::paged_cache pool_for(const ref::config& c, const std::vector<int>& len, std::size_t bs,
+                          std::size_t extra, std::mt19937_64& rng) {
+  std::size_t need = 0;
+  for (int l : len) need += prepack::blocks_for(static_cast<std::size_t>(l) + extra, bs);
+  ref::paged_cache cache{ref::kv_pool(c, need + 2, bs), {}};
+  std::vector<std::int32_t> ids(need + 2);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::size_t next = 0;
+  for (int l : len) {
+    ref::paged_sequence s;
+    for (std::size_t k = 0; k < prepack::blocks_for(static_cast<std::size_t>(l) + extra, bs); ++k)
+      s.blocks.push_back(ids[next++]);
+    cache.seqs.push_back(s);
+  }
+  for (auto view : {cache.pool.key_view(), cache.pool.value_view()}) {
+    std::fill(view.data, view.data + view.extent[0] * view.stride[0], kSentinel);
+  }
+  return cache;
+}
+
+// Runs every step of the schedule, collects each prompt's logits (from the step of its last
+// chunk), either as varlen step inputs or as rows.
+ref::matrix run_schedule(const ref::model& m, const prepack::step_schedule& sched,
+                         const std::vector<std::vector<int>>& prompts, ref::paged_cache& cache,
+                         bool rows, ref::gemm_backend be) {
+  const auto tables = ref::tables_of(cache);
+  ref::matrix logits(static_cast<Eigen::Index>(prompts.size()), m.cfg().vocab);
+  for (std::size_t s = 0; s < sched.n_steps(); ++s) {
+    ref::step_result r;
+    if (rows) {
+      const auto st =
+          prepack::make_step_layout(sched, s, prompts, tables, cache.pool.n_blocks(), std::nullopt,
+                                    {m.cfg().pad_id, 0});
+      r = m.forward(st, cache.pool, {0, be});
+      for (std::size_t k = 0; k < r.output_seq.size(); ++k) {
+        const std::size_t q = r.output_seq[k];
+        if (!sched.step(s)[q].last) continue;  // rows give every chunk's last token
+        logits.row(static_cast<Eigen::Index>(st.seq_item[q])) =
+            r.logits.row(static_cast<Eigen::Index>(k));
+      }
+    } else {
+      const auto in = prepack::make_step_inputs(sched, s, prompts, tables, cache.pool.n_blocks());
+      r = m.forward(in, cache.pool, {0, be});
+      for (std::size_t k = 0; k < r.output_seq.size(); ++k) {
+        logits.row(static_cast<Eigen::Index>(in.seq_item[r.output_seq[k]])) =
+            r.logits.row(static_cast<Eigen::Index>(k));
+      }
+    }
+  }
+  for (std::size_t i = 0; i < prompts.size(); ++i) cache.seqs[i].length = prompts[i].size();
+  return logits;
+}
+
+// The spare blocks (owned by no sequence) still hold the sentinel everywhere.
+void expect_spare_untouched(ref::paged_cache& cache, const std::string& where) {
+  std::vector<bool> owned(cache.pool.n_blocks(), false);
+  for (const auto& s : cache.seqs) {
+    for (std::int32_t b : s.blocks) owned[static_cast<std::size_t>(b)] = true;
+  }
+  for (auto view : {cache.pool.key_view(), cache.pool.value_view()}) {
+    for (std::size_t layer = 0; layer < view.extent[0]; ++layer) {
+      for (std::size_t b = 0; b < view.extent[1]; ++b) {
+        if (owned[b]) continue;
+        for (std::size_t o = 0; o < view.extent[2]; ++o) {
+          for (std::size_t h = 0; h < view.extent[3]; ++h) {
+            for (std::size_t d = 0; d < view.extent[4]; ++d) {
+              ASSERT_EQ(view(layer, b, o, h, d), kSentinel) << where << ": spare block " << b;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Chunked, BudgetedStepsOverAPoolEqualPrefillingEachPromptAlone) {
+  for (ref::gemm_backend be : backends()) {
+    std::mt19937_64 rng(11);
+    double worst_kv = 0, worst_logits = 0;
+    int runs = 0, chunked = 0;
+    for (int trial = 0; trial < 8; ++trial) {
+      const ref::config c = random_config(rng);
+      const ref::model m(c, rng());
+      const auto len = trial % 2 ? test::heavy_tailed_lengths(rng, 6, 70)
+                                 : test::random_lengths(rng, 2 + rng() % 5, 1, 60);
+      const auto prompts = random_prompts(rng, len, c.vocab);
+      const int total = std::accumulate(len.begin(), len.end(), 0);
+      const int shortest = *std::min_element(len.begin(), len.end());
+      const int new_tokens = 4;
+      auto [alone, alone_logits] =
+          ref::prefill_alone(m, prompts, new_tokens, {ref::attention::segment, 0, be});
+      const auto want = ref::greedy_decode(m, alone, alone_logits, new_tokens, {0, be});
+      auto [fresh, fresh_logits] = ref::prefill_alone(m, prompts, 0, {ref::attention::segment, 0, be});
+      const std::size_t budgets[] = {1, static_cast<std::size_t>(std::max(1, shortest - 1)), 7, 31,
+                                     static_cast<std::size_t>(total)};
+      for (std::size_t budget : budgets) {
+        for (std::size_t bs : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
+          for (auto policy : {prepack::chunking::fill, prepack::chunking::whole_first}) {
+            if (budget == 1 && (bs != 3 || policy != prepack::chunking::fill)) continue;  // slow
+            const bool rows = (trial + static_cast<int>(bs)) % 2 == 0;
+            const std::string where = std::string(ref::backend_name(be)) + " trial " +
+                                      std::to_string(trial) + " budget " + std::to_string(budget) +
+                                      " block " + std::to_string(bs) + (rows ? " rows" : " varlen");
+            const auto sched = prepack::budgeted_schedule(len, {budget, policy});
+            chunked += static_cast<int>(sched.n_chunked());
+            auto cache = pool_for(c, len, bs, new_tokens, rng);
+            const ref::matrix logits = run_schedule(m, sched, prompts, cache, rows, be);
+            // Compare the prompts' positions only (the caches have room for more).
+            const float kv = ref::max_abs_diff(fresh, cache);
+            const double lg = (fresh_logits - logits).cwiseAbs().maxCoeff();
+            worst_kv = std::max<double>(worst_kv, kv);
+            worst_logits = std::max(worst_logits, lg);
+            ASSERT_LE(kv, 1e-4) << where;
+            ASSERT_LE(lg, 1e-3) << where;
+            expect_spare_untouched(cache, where);
+            if (budget == 7 || budget == static_cast<std::size_t>(total)) {
+              const auto got = ref::greedy_decode(m, cache, logits, new_tokens, {0, be});
+              expect_same_tokens(want, got, where);
+              EXPECT_EQ(got.tokens, want.tokens) << where;
+            }
+            ++runs;
+          }
+        }
+      }
+    }
+    std::printf("[%s] chunked prefill over a pool vs alone (%d schedules, %d prompts chunked): "
+                "max abs diff KV %.3g, logits %.3g\n",
+                ref::backend_name(be), runs, chunked, worst_kv, worst_logits);
+    EXPECT_GT(chunked, 50);
+  }
+}
+
+// Decode steps are steps of the same block: a cache prefilled whole, then continued token by
+// token through model::forward, equals prefilling the longer prompts alone.
+TEST(Chunked, DecodeStepsAreOneTokenChunks) {
+  std::mt19937_64 rng(12);
+  const ref::config c = random_config(rng);
+  const ref::model m(c, 5);
+  const auto prompts = random_prompts(rng, {9, 1, 30}, c.vocab);
+  auto [cache, logits] = ref::prefill_alone(m, prompts, 6, {}, 3);
+  const auto d = ref::greedy_decode(m, cache, logits, 6);
+  // The prompts extended by their first five new tokens, prefilled alone, hold the same cache.
+  std::vector<std::vector<int>> longer = prompts;
+  for (std::size_t i = 0; i < longer.size(); ++i) {
+    longer[i].insert(longer[i].end(), d.tokens[i].begin(), d.tokens[i].begin() + 5);
+  }
+  auto [again, again_logits] = ref::prefill_alone(m, longer, 0, {}, 5);
+  const float kv = ref::max_abs_diff(again, cache);
+  std::printf("decode through the pool vs prefilling the continued prompts alone: KV %.3g\n",
+              static_cast<double>(kv));
+  EXPECT_LE(kv, 1e-4);
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    const auto [next, margin] = prepack::reference::detail::argmax_with_margin(
+        again_logits.row(static_cast<Eigen::Index>(i)).data(), static_cast<std::size_t>(c.vocab));
+    if (margin > 1e-3f) {
+      EXPECT_EQ(next, d.tokens[i][5]) << "prompt " << i;
+    }
+  }
+}
+
+TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {
+  ref::config c;
+  c.vocab = 64;
+  const ref::model m(c, 2);
+  const std::vector<int> len{10, 4};
+  const auto prompts = test::tagged_prompts(len, 64);
+  const auto sched = prepack::budgeted_schedule(len, {6, prepack::chunking::fill});
+  // Steps: [0: 0..5] [0: 6..9, 1: 0..1] [1: 2..3]
+  std::mt19937_64 rng(1);
+  auto cache = pool_for(c, len, 4, 0, rng);
+  const auto tables = ref::tables_of(cache);
+  const auto snapshot = [&] {
+    const auto v = cache.pool.key_view();
+    return std::vector<float>(v.data, v.data + v.extent[0] * v.stride[0]);
+  };
+  const auto before = snapshot();
+  // Step 1 before step 0: prompt 0's context (positions 0..5) is not cached yet.
+  const auto in1 = prepack::make_step_inputs(sched, 1, prompts, tables, cache.pool.n_blocks());
+  EXPECT_PREPACK_ERROR(m.forward(in1, cache.pool), "sequence 0: context position 0 is not cached");
+  EXPECT_EQ(snapshot(), before);
+  // Step 0, then a step whose slot mapping disagrees with its block table.
+  const auto in0 = prepack::make_step_inputs(sched, 0, prompts, tables, cache.pool.n_blocks());
+  auto wrong = in1;
+  wrong.slot_mapping[0] += 1;
+  EXPECT_NO_THROW(m.forward(in0, cache.pool));
+  const auto after0 = snapshot();
+  EXPECT_PREPACK_ERROR(m.forward(wrong, cache.pool), "token 0 maps to slot");
+  // Two sequences writing one block (tables that agree with their slot mappings): prompt 1's
+  // positions 0, 1 on the block of prompt 0's positions 8, 9 (tokens 2 and 3 of the step).
+  auto twice = in1;
+  twice.tables.table[twice.tables.max_blocks] = twice.tables.table[2];
+  twice.slot_mapping[4] = twice.slot_mapping[2];
+  twice.slot_mapping[5] = twice.slot_mapping[3];
+  EXPECT_PREPACK_ERROR(m.forward(twice, cache.pool), "token 4: slot");
+  // Positions 8, 9 written over the cached positions 4, 5 of the same sequence.
+  auto over = in1;
+  over.tables.table[2] = over.tables.table[1];
+  over.slot_mapping[2] = over.tables.table[1] * 4;
+  over.slot_mapping[3] = over.tables.table[1] * 4 + 1;
+  EXPECT_PREPACK_ERROR(m.forward(over, cache.pool), "would overwrite the cached position 4");
+  // A block table too short for context + query.
+  auto short_table = in1;
+  for (std::size_t k = 2; k < short_table.tables.max_blocks; ++k) short_table.tables.table[k] = -1;
+  EXPECT_PREPACK_ERROR(m.forward(short_table, cache.pool),
+                       "sequence 0: context 6 + query 4 needs 3 blocks of 4, its block table has 2");
+  // A context longer than the prompt is refused when the step is built.
+  auto long_ctx = sched;
+  long_ctx.chunks[long_ctx.step_begin[1]].context = 11;
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(long_ctx, 1, prompts, tables, cache.pool.n_blocks()),
+                       "prompt 0: chunk context 11");
+  // Tokens outside the vocabulary, a pool of another block size.
+  auto bad_token = in1;
+  bad_token.tokens[0] = 64;
+  EXPECT_PREPACK_ERROR(m.forward(bad_token, cache.pool), "token 0: id 64 outside vocab 64");
+  ref::kv_pool other(c, cache.pool.n_blocks(), 8);
+  EXPECT_PREPACK_ERROR(m.forward(in1, other), "step: block size 4");
+  EXPECT_EQ(snapshot(), after0);
+  // The right step still runs.
+  EXPECT_NO_THROW(m.forward(in1, cache.pool));
+}
+
+}  // namespace
