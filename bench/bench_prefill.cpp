@@ -45,8 +45,8 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
-#include "prepack/workload.hpp"
 #include "prepack/reference.hpp"
+#include "prepack/workload.hpp"
 #include "report.hpp"
 
 namespace ref = prepack::reference;

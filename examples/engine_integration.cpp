@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
-#include "prepack/workload.hpp"
 #include "prepack/reference.hpp"
+#include "prepack/workload.hpp"
 
 namespace ref = prepack::reference;
 

@@ -125,7 +125,8 @@ outcome run_budgeted(const ref::model& m, const std::vector<std::vector<int>>& p
       o.logits = ref::matrix(static_cast<Eigen::Index>(prompts.size()), m.cfg().vocab);
       std::size_t workspace = 0;
       for (std::size_t s = 0; s < sched.n_steps(); ++s) {
-        const auto in = prepack::make_step_inputs(sched, s, prompts, tables, o.cache.pool.n_blocks());
+        const auto in =
+            prepack::make_step_inputs(sched, s, prompts, tables, o.cache.pool.n_blocks());
         const auto r = m.forward(in, o.cache.pool, opt);
         for (std::size_t j = 0; j < r.output_seq.size(); ++j) {
           o.logits.row(static_cast<Eigen::Index>(in.seq_item[r.output_seq[j]])) =
@@ -151,13 +152,13 @@ std::string mib(std::size_t bytes) {
 }
 
 int demo(int argc, char** argv) {
-  const cli::args a(argc, argv,
-                    {"--prompts",   "--profile",  "--batch",      "--max-len",  "--seed",
-                     "--vocab",     "--hidden",   "--layers",     "--heads",    "--kv-heads",
-                     "--head-dim",  "--ffn",      "--rope-theta", "--capacity", "--packer",
-                     "--attention", "--threads",  "--new-tokens", "--repeat",   "--max-pad",
-                     "--budget",    "--policy",   "--block-size", "--backend"},
-                    {"--json", "--help"});
+  const cli::args a(
+      argc, argv,
+      {"--prompts",    "--profile",  "--batch",  "--max-len",   "--seed",       "--vocab",
+       "--hidden",     "--layers",   "--heads",  "--kv-heads",  "--head-dim",   "--ffn",
+       "--rope-theta", "--capacity", "--packer", "--attention", "--threads",    "--new-tokens",
+       "--repeat",     "--max-pad",  "--budget", "--policy",    "--block-size", "--backend"},
+      {"--json", "--help"});
   if (a.has("--help")) {
     std::cout << kHelp;
     return 0;
@@ -182,10 +183,10 @@ int demo(int argc, char** argv) {
                         ? ref::attention::dense
                         : ref::attention::segment;
   const std::string backend_flag = a.choice("--backend", "auto", {"auto", "eigen", "onednn"});
-  const ref::gemm_backend backend = ref::resolve(
-      backend_flag == "eigen"    ? ref::gemm_backend::eigen
-      : backend_flag == "onednn" ? ref::gemm_backend::onednn
-                                 : ref::gemm_backend::automatic);
+  const ref::gemm_backend backend =
+      ref::resolve(backend_flag == "eigen"    ? ref::gemm_backend::eigen
+                   : backend_flag == "onednn" ? ref::gemm_backend::onednn
+                                              : ref::gemm_backend::automatic);
   const bool budgeted = a.has("--budget");
   const auto budget = static_cast<std::size_t>(a.integer("--budget", 512, 1, 1ll << 30));
   const bool fill = a.choice("--policy", "whole", {"whole", "fill"}) == "fill";
@@ -245,8 +246,10 @@ int demo(int argc, char** argv) {
                                    .peak_bytes) +
            3.0 * static_cast<double>(rows * width * sizeof(int));
   };
-  const double caches = 2.0 * c.n_layers * static_cast<double>(c.kv_dim()) * sizeof(float) *
-                        static_cast<double>(useful + len.size() * (static_cast<std::size_t>(new_tokens) + block_size));
+  const double caches =
+      2.0 * c.n_layers * static_cast<double>(c.kv_dim()) * sizeof(float) *
+      static_cast<double>(useful +
+                          len.size() * (static_cast<std::size_t>(new_tokens) + block_size));
   const double peak_need =
       ref::weight_bytes(c) + 2.0 * static_cast<double>(useful * sizeof(int)) + 2 * caches +
       std::max(need(len.size(), static_cast<std::size_t>(longest), ref::attention::dense),
@@ -340,8 +343,8 @@ int demo(int argc, char** argv) {
                   "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, "
                   "\"rope_theta\": %g}}\n",
                   static_cast<double>(max_kv), static_cast<double>(max_lg),
-                  agree ? "true" : "false", c.vocab, c.hidden, c.n_layers, c.n_heads,
-                  c.n_kv_heads, c.head_size(), c.ffn, c.rope_theta);
+                  agree ? "true" : "false", c.vocab, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads,
+                  c.head_size(), c.ffn, c.rope_theta);
     js << buf;
     std::fputs(js.str().c_str(), stdout);
     return agree ? 0 : 1;
@@ -364,17 +367,17 @@ int demo(int argc, char** argv) {
               plan.slots(), static_cast<double>(plan.slots()) / static_cast<double>(useful));
   if (budgeted) {
     const outcome& b = methods[2];
-    std::printf("  budgeted (%s, %zu tokens a step, blocks of %zu): %zu steps, lower bound %zu, "
-                "%zu prompts chunked, no pad slot\n",
-                fill ? "fill" : "whole prompts first", budget, block_size, b.steps,
-                b.steps_lower_bound, b.chunked);
+    std::printf(
+        "  budgeted (%s, %zu tokens a step, blocks of %zu): %zu steps, lower bound %zu, "
+        "%zu prompts chunked, no pad slot\n",
+        fill ? "fill" : "whole prompts first", budget, block_size, b.steps, b.steps_lower_bound,
+        b.chunked);
   }
-  std::printf("\n%-34s %10s %12s %10s %10s\n", "", "seconds", "peak memory", "vs padded",
-              "memory");
-  const char* labels[] = {"padded (left, dense mask)",
-                          path == ref::attention::dense ? "prepacked (dense mask)"
-                                                        : "prepacked (segment attention)",
-                          "budgeted steps over a paged pool"};
+  std::printf("\n%-34s %10s %12s %10s %10s\n", "", "seconds", "peak memory", "vs padded", "memory");
+  const char* labels[] = {
+      "padded (left, dense mask)",
+      path == ref::attention::dense ? "prepacked (dense mask)" : "prepacked (segment attention)",
+      "budgeted steps over a paged pool"};
   for (std::size_t k = 0; k < methods.size(); ++k) {
     const outcome& o = methods[k];
     std::printf("%-34s %10.3f %12s %9.2fx %9.2fx\n", labels[k], o.seconds,
@@ -402,7 +405,8 @@ int demo(int argc, char** argv) {
   for (const outcome& o : methods) match = match && o.tokens_match;
   std::printf("greedy tokens of all %zu prompts: %s\n", len.size(),
               match ? ("identical across " + names).c_str() : "DIFFER");
-  if (!agree) std::fprintf(stderr, "prepack_demo: a method's results disagree with prefilling alone\n");
+  if (!agree)
+    std::fprintf(stderr, "prepack_demo: a method's results disagree with prefilling alone\n");
   return agree ? 0 : 1;
 }
 

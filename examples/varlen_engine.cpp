@@ -37,12 +37,14 @@ int main() {
     // 2. The engine's block manager hands out blocks for prompt + generated tokens.
     //    prepack: a reference-counted allocator and padded block tables.
     std::size_t total_blocks = 0;
-    for (int l : lengths) total_blocks += prepack::blocks_for(static_cast<std::size_t>(l + new_tokens), block_size);
+    for (int l : lengths)
+      total_blocks += prepack::blocks_for(static_cast<std::size_t>(l + new_tokens), block_size);
     prepack::block_allocator blocks(total_blocks + 2);
     ref::paged_cache cache{ref::kv_pool(cfg, blocks.n_blocks(), block_size), {}};
     for (int l : lengths) {
-      cache.seqs.push_back(
-          {blocks.allocate(prepack::blocks_for(static_cast<std::size_t>(l + new_tokens), block_size)), 0});
+      cache.seqs.push_back({blocks.allocate(prepack::blocks_for(
+                                static_cast<std::size_t>(l + new_tokens), block_size)),
+                            0});
     }
     const prepack::block_tables tables = ref::tables_of(cache);
     std::printf("1. %zu requests, %d tokens; pool of %zu blocks of %zu slots\n", lengths.size(),
@@ -50,8 +52,7 @@ int main() {
 
     // 3. prepack: the schedule. Every step filled to the budget; prompts that do not fit the
     //    room left are chunked, each chunk after the previous one.
-    const auto sched =
-        prepack::budgeted_schedule(lengths, {budget, prepack::chunking::fill});
+    const auto sched = prepack::budgeted_schedule(lengths, {budget, prepack::chunking::fill});
     std::printf("2. schedule: %zu steps of <= %zu tokens (lower bound %zu), %zu prompts chunked\n",
                 sched.n_steps(), budget, sched.lower_bound(), sched.n_chunked());
 

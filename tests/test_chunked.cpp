@@ -58,9 +58,8 @@ ref::matrix run_schedule(const ref::model& m, const prepack::step_schedule& sche
   for (std::size_t s = 0; s < sched.n_steps(); ++s) {
     ref::step_result r;
     if (rows) {
-      const auto st =
-          prepack::make_step_layout(sched, s, prompts, tables, cache.pool.n_blocks(), std::nullopt,
-                                    {m.cfg().pad_id, 0});
+      const auto st = prepack::make_step_layout(sched, s, prompts, tables, cache.pool.n_blocks(),
+                                                std::nullopt, {m.cfg().pad_id, 0});
       r = m.forward(st, cache.pool, {0, be});
       for (std::size_t k = 0; k < r.output_seq.size(); ++k) {
         const std::size_t q = r.output_seq[k];
@@ -120,7 +119,8 @@ TEST(Chunked, BudgetedStepsOverAPoolEqualPrefillingEachPromptAlone) {
       auto [alone, alone_logits] =
           ref::prefill_alone(m, prompts, new_tokens, {ref::attention::segment, 0, be});
       const auto want = ref::greedy_decode(m, alone, alone_logits, new_tokens, {0, be});
-      auto [fresh, fresh_logits] = ref::prefill_alone(m, prompts, 0, {ref::attention::segment, 0, be});
+      auto [fresh, fresh_logits] =
+          ref::prefill_alone(m, prompts, 0, {ref::attention::segment, 0, be});
       const std::size_t budgets[] = {1, static_cast<std::size_t>(std::max(1, shortest - 1)), 7, 31,
                                      static_cast<std::size_t>(total)};
       for (std::size_t budget : budgets) {
@@ -153,9 +153,10 @@ TEST(Chunked, BudgetedStepsOverAPoolEqualPrefillingEachPromptAlone) {
         }
       }
     }
-    std::printf("[%s] chunked prefill over a pool vs alone (%d schedules, %d prompts chunked): "
-                "max abs diff KV %.3g, logits %.3g\n",
-                ref::backend_name(be), runs, chunked, worst_kv, worst_logits);
+    std::printf(
+        "[%s] chunked prefill over a pool vs alone (%d schedules, %d prompts chunked): "
+        "max abs diff KV %.3g, logits %.3g\n",
+        ref::backend_name(be), runs, chunked, worst_kv, worst_logits);
     EXPECT_GT(chunked, 50);
   }
 }
@@ -231,13 +232,15 @@ TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {
   // A block table too short for context + query.
   auto short_table = in1;
   for (std::size_t k = 2; k < short_table.tables.max_blocks; ++k) short_table.tables.table[k] = -1;
-  EXPECT_PREPACK_ERROR(m.forward(short_table, cache.pool),
-                       "sequence 0: context 6 + query 4 needs 3 blocks of 4, its block table has 2");
+  EXPECT_PREPACK_ERROR(
+      m.forward(short_table, cache.pool),
+      "sequence 0: context 6 + query 4 needs 3 blocks of 4, its block table has 2");
   // A context longer than the prompt is refused when the step is built.
   auto long_ctx = sched;
   long_ctx.chunks[long_ctx.step_begin[1]].context = 11;
-  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(long_ctx, 1, prompts, tables, cache.pool.n_blocks()),
-                       "prompt 0: chunk context 11");
+  EXPECT_PREPACK_ERROR(
+      prepack::make_step_inputs(long_ctx, 1, prompts, tables, cache.pool.n_blocks()),
+      "prompt 0: chunk context 11");
   // Tokens outside the vocabulary, a pool of another block size.
   auto bad_token = in1;
   bad_token.tokens[0] = 64;

@@ -68,7 +68,8 @@ TEST(Engine, VarlenAndTokenBatchCoverEveryRealTokenOnce) {
     }
     // The caller's own sequence ids replace the prompt ids, token for token.
     std::vector<std::int64_t> ids(l.n_prompts());
-    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = 1000003 * static_cast<std::int64_t>(i) + 17;
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = 1000003 * static_cast<std::int64_t>(i) + 17;
     const auto c = prepack::make_token_batch(l, ids);
     ASSERT_EQ(c.seq_id.size(), b.seq_id.size());
     for (std::size_t k = 0; k < b.seq_id.size(); ++k) {

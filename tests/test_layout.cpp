@@ -92,9 +92,10 @@ TEST(Layout, ContextsShiftPositions) {
                                             prepack::span<const long long>(bad)),
                        "prompt 0: context -1");
   const std::vector<long long> far{126, 0};
-  EXPECT_PREPACK_ERROR((prepack::make_layout<int, std::int8_t>(
-                           plan, prepack::span<const int>(tokens), prepack::span<const long long>(far))),
-                       "prompt 0: position 128 does not fit the int8 index type");
+  EXPECT_PREPACK_ERROR(
+      (prepack::make_layout<int, std::int8_t>(plan, prepack::span<const int>(tokens),
+                                              prepack::span<const long long>(far))),
+      "prompt 0: position 128 does not fit the int8 index type");
 }
 
 TEST(Layout, FlatTokensAndPerPromptTokensAgree) {
@@ -191,8 +192,9 @@ TEST(LayoutErrors, ValuesOneAboveTheLastSlotFitTheIndexType) {
   EXPECT_EQ(l.prompt_length()[0], 127);
   EXPECT_EQ(l.row_cu(0)[1], 127);
   const auto wide16 = prepack::first_fit_decreasing({32768});
-  EXPECT_PREPACK_ERROR((prepack::make_layout<int, std::int16_t>(wide16, std::vector<int>(32768, 1))),
-                       "row width 32768 does not fit the int16 index type");
+  EXPECT_PREPACK_ERROR(
+      (prepack::make_layout<int, std::int16_t>(wide16, std::vector<int>(32768, 1))),
+      "row width 32768 does not fit the int16 index type");
 }
 
 // from_parts adopts hand-built arrays only after checking every invariant, and names the

@@ -76,8 +76,8 @@ TEST(MaskErrors, SizesThatCannotBeAllocatedOrMismatch) {
 // A bool mask goes into a bool array (std::vector<bool> has no contiguous storage and is
 // refused at compile time with a message saying so).
 TEST(Mask, BoolMasksIntoABoolArray) {
-  const auto l = prepack::make_layout(prepack::first_fit_decreasing({2, 1}),
-                                      std::vector<int>{1, 2, 3});
+  const auto l =
+      prepack::make_layout(prepack::first_fit_decreasing({2, 1}), std::vector<int>{1, 2, 3});
   const std::size_t n = prepack::dense_mask_size(l);
   std::unique_ptr<bool[]> m(new bool[n]);
   prepack::fill_dense_mask(l, prepack::span<bool>(m.get(), n), true, false);

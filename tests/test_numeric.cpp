@@ -76,7 +76,8 @@ void expect_nearest(double overflow, float scale) {
     const double mid = (finite[j].first + finite[j + 1].first) / 2;
     const auto f = static_cast<float>(mid);
     if (static_cast<double>(f) != mid) continue;  // not representable in float
-    const std::uint16_t even = (finite[j].second & 1u) == 0 ? finite[j].second : finite[j + 1].second;
+    const std::uint16_t even =
+        (finite[j].second & 1u) == 0 ? finite[j].second : finite[j + 1].second;
     ASSERT_EQ(H::from_float(f), even) << "halfway " << mid;
   }
 }

@@ -381,9 +381,9 @@ TEST(FittedPlan, NarrowestWidthMeetingTheBudgetElseFewestSlots) {
           // Brute force: the slots of every width.
           long long narrowest_within = -1, fewest_width = -1, fewest = -1;
           for (long long w = longest; w <= widest; ++w) {
-            const long long s =
-                static_cast<long long>(naive_fit_decreasing(len, static_cast<int>(w), best).n_rows) *
-                w;
+            const long long s = static_cast<long long>(
+                                    naive_fit_decreasing(len, static_cast<int>(w), best).n_rows) *
+                                w;
             if (narrowest_within < 0 &&
                 static_cast<double>(s) <= static_cast<double>(total) * (1 + max_pad)) {
               narrowest_within = w;

@@ -58,8 +58,8 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
       const ref::model m(c, seed);
       biased += c.qkv_bias;
       tied += c.tied_embeddings;
-      const auto prompts = random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25),
-                                          c.vocab);
+      const auto prompts =
+          random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25), c.vocab);
       const auto [cache, logits] =
           ref::prefill_alone(m, prompts, 0, {ref::attention::segment, 0, be});
       const std::size_t kv = static_cast<std::size_t>(c.kv_dim());
@@ -84,9 +84,10 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
         }
       }
     }
-    std::printf("[%s] kernel alone vs plain loops (double): max abs diff %.3g (%d configs with "
-                "biases, %d tied)\n",
-                ref::backend_name(be), worst, biased, tied);
+    std::printf(
+        "[%s] kernel alone vs plain loops (double): max abs diff %.3g (%d configs with "
+        "biases, %d tied)\n",
+        ref::backend_name(be), worst, biased, tied);
     EXPECT_LE(worst, kTolerance) << ref::backend_name(be);
     EXPECT_GT(biased, 0);
     EXPECT_GT(tied, 0);
@@ -118,8 +119,8 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
         const method& me = kMethods[mi];
         const std::optional<int> cap =
             me.larger_capacity ? std::optional<int>(longest + 37) : std::nullopt;
-        const auto plan =
-            me.padded ? prepack::padded(len, me.side, cap) : prepack::make_plan(me.packer, len, cap);
+        const auto plan = me.padded ? prepack::padded(len, me.side, cap)
+                                    : prepack::make_plan(me.packer, len, cap);
         const auto l = prepack::make_layout(plan, prompts, {c.pad_id, 1});
         const auto r = m.prefill(l, {me.path, 0, be});
         for (float e : r.keys) ASSERT_TRUE(std::isfinite(e)) << me.name << ": non-finite key";
@@ -135,8 +136,8 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
       }
     }
     for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
-      std::printf("[%s] %-20s vs alone: max abs diff KV %.3g, logits %.3g\n",
-                  ref::backend_name(be), kMethods[mi].name, worst[mi].kv, worst[mi].logits);
+      std::printf("[%s] %-20s vs alone: max abs diff KV %.3g, logits %.3g\n", ref::backend_name(be),
+                  kMethods[mi].name, worst[mi].kv, worst[mi].logits);
     }
     std::printf("greedy steps at a near-tie (margin < 1e-3) in the reference: %d\n", near_ties);
   }
@@ -151,7 +152,8 @@ TEST(Reference, BackendsAgree) {
     const ref::config c = random_config(rng);
     const ref::model m(c, rng());
     const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
-    const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts);
+    const auto l =
+        prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts);
     const auto a = m.prefill(l, {ref::attention::segment, 0, ref::gemm_backend::eigen});
     const auto b = m.prefill(l, {ref::attention::segment, 0, ref::gemm_backend::onednn});
     EXPECT_EQ(a.profile.backend, ref::gemm_backend::eigen);
@@ -211,10 +213,10 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
   EXPECT_LE(d.kv, kTolerance);
   EXPECT_LE(d.logits, kTolerance);
   const std::vector<int> bad_out{static_cast<int>(l.n_slots())};
-  EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows(), l.width(), l.tokens(), l.positions(),
-                                        prepack::span<const float>(mask),
-                                        prepack::span<const int>(bad_out)),
-                       "output slot 0");
+  EXPECT_PREPACK_ERROR(
+      m.prefill_masked(l.n_rows(), l.width(), l.tokens(), l.positions(),
+                       prepack::span<const float>(mask), prepack::span<const int>(bad_out)),
+      "output slot 0");
   EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows() + 1, l.width(), l.tokens(), l.positions(),
                                         prepack::span<const float>(mask), l.last_token()),
                        "tokens: ");
@@ -306,9 +308,9 @@ TEST(ReferenceErrors, BadTokensAndForeignLayouts) {
   EXPECT_PREPACK_ERROR(m.prefill(prepack::packed_layout<>()), "layout: empty");
   const std::vector<long long> ctx{2, 0};
   const std::vector<int> toks{1, 2, 3, 4, 5};
-  const auto chunk = prepack::make_layout(prepack::first_fit_decreasing(len),
-                                          prepack::span<const int>(toks),
-                                          prepack::span<const long long>(ctx));
+  const auto chunk =
+      prepack::make_layout(prepack::first_fit_decreasing(len), prepack::span<const int>(toks),
+                           prepack::span<const long long>(ctx));
   EXPECT_PREPACK_ERROR(m.prefill(chunk), "prompt 0: context 2: a packed prefill has no cache");
   if (!ref::onednn_available()) {
     EXPECT_PREPACK_ERROR(m.prefill(good, {ref::attention::segment, 0, ref::gemm_backend::onednn}),

@@ -108,16 +108,16 @@ TEST(Schedule, RandomPromptsAndBudgets) {
     const auto len = random_lengths(rng, trial);
     const std::size_t total = std::accumulate(len.begin(), len.end(), std::size_t{0});
     const std::size_t shortest = *std::min_element(len.begin(), len.end());
-    const std::size_t budgets[] = {1, std::max<std::size_t>(1, shortest / 2), 7, 13, 97,
-                                   1 + rng() % total, total};
+    const std::size_t budgets[] = {
+        1, std::max<std::size_t>(1, shortest / 2), 7, 13, 97, 1 + rng() % total, total};
     std::vector<prepack::schedule_item> items;
     for (std::size_t l : len) items.push_back({l, 0, std::nullopt});
     for (std::size_t budget : budgets) {
       for (auto order : {prepack::schedule_order::arrival, prepack::schedule_order::shortest_first,
                          prepack::schedule_order::longest_first}) {
         const auto fill = prepack::budgeted_schedule(len, {budget, prepack::chunking::fill, order});
-        const std::string where = "trial " + std::to_string(trial) + " budget " +
-                                  std::to_string(budget);
+        const std::string where =
+            "trial " + std::to_string(trial) + " budget " + std::to_string(budget);
         expect_valid(fill, items, where + " fill");
         ASSERT_EQ(fill.n_steps(), fill.lower_bound()) << where;
         ASSERT_EQ(fill.lower_bound(), (total + budget - 1) / budget);
@@ -127,8 +127,8 @@ TEST(Schedule, RandomPromptsAndBudgets) {
         }
       }
       const auto whole = prepack::budgeted_schedule(len, {budget, prepack::chunking::whole_first});
-      const std::string where = "trial " + std::to_string(trial) + " budget " +
-                                std::to_string(budget) + " whole_first";
+      const std::string where =
+          "trial " + std::to_string(trial) + " budget " + std::to_string(budget) + " whole_first";
       expect_valid(whole, items, where);
       ASSERT_GE(whole.n_steps(), whole.lower_bound());
       for (const prepack::chunk& c : whole.chunks) {
@@ -183,7 +183,8 @@ TEST(Schedule, DependenciesRunAfterTheirItem) {
       }
       items.push_back(it);
     }
-    for (std::size_t budget : {std::size_t{1}, std::size_t{16}, std::size_t{61}, std::size_t{400}}) {
+    for (std::size_t budget :
+         {std::size_t{1}, std::size_t{16}, std::size_t{61}, std::size_t{400}}) {
       for (auto policy : {prepack::chunking::fill, prepack::chunking::whole_first}) {
         const auto s = prepack::budgeted_schedule(items, {budget, policy});
         expect_valid(s, items, "trial " + std::to_string(trial));

@@ -71,7 +71,7 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
     if (layout.segments()[s] < 0) continue;
     ++real;
     ASSERT_EQ(layout.tokens()[s], tag(static_cast<std::size_t>(layout.segments()[s]),
-                                    static_cast<std::size_t>(layout.positions()[s])));
+                                      static_cast<std::size_t>(layout.positions()[s])));
   }
   ASSERT_EQ(real, total);
 
@@ -105,14 +105,15 @@ TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
 
   // Working memory: the heap's peak above what existed before the pipeline, against what the
   // pipeline must hold at its end (the plan, the layout, the block table and the pool).
-  const std::size_t held = bytes(plan.length) + bytes(plan.row) + bytes(plan.offset) +
-                           bytes(plan.fill) + bytes(plan.row_begin) + bytes(plan.row_prompts) +
-                           bytes(layout.parts().tokens) + bytes(layout.parts().positions) +
-                           bytes(layout.parts().segments) + bytes(layout.parts().row_begin) +
-                           bytes(layout.parts().row_prompts) + bytes(layout.parts().row_cu_seqlens) +
-                           bytes(layout.parts().prompt_row) + bytes(layout.parts().prompt_offset) +
-                           bytes(layout.parts().prompt_length) + bytes(layout.parts().prompt_context) +
-                           bytes(layout.parts().last_token) + bytes(table) + bytes(pool);
+  const std::size_t held =
+      bytes(plan.length) + bytes(plan.row) + bytes(plan.offset) + bytes(plan.fill) +
+      bytes(plan.row_begin) + bytes(plan.row_prompts) + bytes(layout.parts().tokens) +
+      bytes(layout.parts().positions) + bytes(layout.parts().segments) +
+      bytes(layout.parts().row_begin) + bytes(layout.parts().row_prompts) +
+      bytes(layout.parts().row_cu_seqlens) + bytes(layout.parts().prompt_row) +
+      bytes(layout.parts().prompt_offset) + bytes(layout.parts().prompt_length) +
+      bytes(layout.parts().prompt_context) + bytes(layout.parts().last_token) + bytes(table) +
+      bytes(pool);
   const double ratio = static_cast<double>(g_peak.load() - base) / static_cast<double>(held);
   std::printf(
       "1e6 prompts, %zu tokens, %zu rows: peak working heap %.1f MiB for %.1f MiB of data held: "

@@ -122,8 +122,8 @@ TYPED_TEST(Unpack, LeftPaddedBatchRoundTrips) {
     const auto src_buf = packed_source<T>(f, prepack::kv_order::row_head_slot_dim);
     const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_head_slot_dim,
                                           l.n_rows(), l.width(), f.n_heads, f.head_dim);
-    const std::size_t longest =
-        static_cast<std::size_t>(*std::max_element(l.prompt_length().begin(), l.prompt_length().end()));
+    const std::size_t longest = static_cast<std::size_t>(
+        *std::max_element(l.prompt_length().begin(), l.prompt_length().end()));
     const std::size_t width = longest + trial % 3;
     std::vector<T> buf(l.n_prompts() * width * f.n_heads * f.head_dim, static_cast<T>(kSentinel));
     // (prompt, slot, head, dim) over a [prompt][head][slot][dim] buffer.
@@ -356,9 +356,8 @@ TEST_F(bad_input, OverlapIsDecidedByTheElementsWritten) {
   std::vector<float> cache(max_len * batch * heads * dim, 9.0f);
   std::vector<prepack::tensor_view<float, 3>> interleaved;
   for (std::size_t i = 0; i < batch; ++i) {
-    interleaved.push_back({cache.data() + i * heads * dim,
-                           {max_len, heads, dim},
-                           {batch * heads * dim, dim, 1}});
+    interleaved.push_back(
+        {cache.data() + i * heads * dim, {max_len, heads, dim}, {batch * heads * dim, dim, 1}});
   }
   EXPECT_NO_THROW(prepack::unpack_prompts(l, src, interleaved));
   EXPECT_EQ(std::count(cache.begin(), cache.end(), 9.0f),
@@ -367,7 +366,8 @@ TEST_F(bad_input, OverlapIsDecidedByTheElementsWritten) {
   // starting where prompt 1's third position would be had it a capacity of 5: they overlap in
   // range but not in what is written...
   auto views = prompt_views(5);
-  for (auto& v : views) v = prepack::prompt_view(v.data, prepack::cache_order::position_head_dim, 5, heads, dim);
+  for (auto& v : views)
+    v = prepack::prompt_view(v.data, prepack::cache_order::position_head_dim, 5, heads, dim);
   views[2].data = views[1].data + 3 * heads * dim;
   EXPECT_NO_THROW(prepack::unpack_prompts(l, src, views));
   // ...until prompt 2 starts one position earlier, on prompt 1's last written token.
@@ -391,8 +391,8 @@ void expect_all_layers_convert(std::uint64_t seed) {
     for (auto& x : kbuf) x = u(rng);
     for (auto& x : vbuf) x = u(rng);
     const auto view5 = [&](const std::vector<float>& b) {
-      return prepack::contiguous_view<const float, 5>(b.data(),
-                                                      {n_layers, l.n_rows(), l.width(), heads, dim});
+      return prepack::contiguous_view<const float, 5>(
+          b.data(), {n_layers, l.n_rows(), l.width(), heads, dim});
     };
     const prepack::packed_kv<const float> src{view5(kbuf), view5(vbuf)};
     // A paged pool per K and V: (layer, block, offset, head, dim), one block per prompt.
@@ -432,10 +432,10 @@ void expect_all_layers_convert(std::uint64_t seed) {
       }
     }
     // K and V in one and the same pool are refused: they would write the same elements.
-    EXPECT_PREPACK_ERROR(
-        prepack::unpack_paged(l, src, pool5(kpool), pool5(kpool),
-                              prepack::contiguous_view<const int, 2>(table.data(), {l.n_prompts(), 1})),
-        "key and value pools: two destinations write the same element");
+    EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool5(kpool), pool5(kpool),
+                                               prepack::contiguous_view<const int, 2>(
+                                                   table.data(), {l.n_prompts(), 1})),
+                         "key and value pools: two destinations write the same element");
   }
 }
 
@@ -446,10 +446,11 @@ TEST(UnpackAllLayers, PagedBFloat16Pool) { expect_all_layers_convert<prepack::bf
 // continue a context land after it.
 TEST(SlotMapping, WritesEachLayerThroughTheMapping) {
   const std::vector<int> len{3, 2};
-  const std::vector<long long> context{4, 0};  // prompt 0 continues 4 cached tokens
+  const std::vector<long long> context{4, 0};               // prompt 0 continues 4 cached tokens
   const auto plan = prepack::first_fit_decreasing(len, 4);  // rows: 3 + pad | 2 + pads
-  const auto l = prepack::make_layout(plan, prepack::span<const int>(std::vector<int>{1, 2, 3, 4, 5}),
-                                      prepack::span<const long long>(context));
+  const auto l =
+      prepack::make_layout(plan, prepack::span<const int>(std::vector<int>{1, 2, 3, 4, 5}),
+                           prepack::span<const long long>(context));
   const std::size_t bs = 2, n_blocks = 8, heads = 1, dim = 2;
   // prompt 0: positions 4..6 -> blocks 2, 3 (entries 2 and 3 of its table); prompt 1: block 5.
   const std::vector<int> table{0, 1, 6, 7, 5, -1, -1, -1};
@@ -465,8 +466,9 @@ TEST(SlotMapping, WritesEachLayerThroughTheMapping) {
   std::vector<float> src(l.n_slots() * heads * dim);
   std::iota(src.begin(), src.end(), 1.0f);
   std::vector<double> pool(n_blocks * bs * heads * dim, 0.0);
-  prepack::write_slots(m, prepack::contiguous_view<const float, 3>(src.data(), {l.n_slots(), heads, dim}),
-                       prepack::contiguous_view<double, 4>(pool.data(), {n_blocks, bs, heads, dim}));
+  prepack::write_slots(
+      m, prepack::contiguous_view<const float, 3>(src.data(), {l.n_slots(), heads, dim}),
+      prepack::contiguous_view<double, 4>(pool.data(), {n_blocks, bs, heads, dim}));
   for (std::size_t s = 0; s < l.n_slots(); ++s) {
     if (want[s] < 0) continue;
     const auto p = static_cast<std::size_t>(want[s]);
@@ -476,8 +478,9 @@ TEST(SlotMapping, WritesEachLayerThroughTheMapping) {
   EXPECT_EQ(std::count(pool.begin(), pool.end(), 0.0), static_cast<long>(pool.size() - 10));
   // Errors: a pool of another shape; a mapping with a slot twice or out of range.
   EXPECT_PREPACK_ERROR(
-      prepack::write_slots(m, prepack::contiguous_view<const float, 3>(src.data(), {l.n_slots(), heads, dim}),
-                           prepack::contiguous_view<double, 4>(pool.data(), {4, 4, heads, dim})),
+      prepack::write_slots(
+          m, prepack::contiguous_view<const float, 3>(src.data(), {l.n_slots(), heads, dim}),
+          prepack::contiguous_view<double, 4>(pool.data(), {4, 4, heads, dim})),
       "paged pool: 4 blocks of 4, the slot mapping was built for 8 of 2");
   EXPECT_PREPACK_ERROR(prepack::slot_mapping::from_slots({3, -1, 3}, 4, 2),
                        "token 2: slot 3 is also written by token 0");
@@ -485,9 +488,10 @@ TEST(SlotMapping, WritesEachLayerThroughTheMapping) {
                        "token 1: slot 8 outside the pool's 8 slots");
   EXPECT_PREPACK_ERROR(prepack::slot_mapping::from_slots({0}, 0, 2), "the pool has no blocks");
   const std::vector<int> empty_pool{0};
-  EXPECT_PREPACK_ERROR(prepack::make_slot_mapping(
-                           l, prepack::contiguous_view<const int, 2>(empty_pool.data(), {1, 1}), 0, 2),
-                       "paged pool: the pool has no blocks");
+  EXPECT_PREPACK_ERROR(
+      prepack::make_slot_mapping(
+          l, prepack::contiguous_view<const int, 2>(empty_pool.data(), {1, 1}), 0, 2),
+      "paged pool: the pool has no blocks");
 }
 
 }  // namespace

@@ -80,17 +80,17 @@ class packed_layout {
   /// Tokens that carry a prompt: the sum of the lengths.
   std::size_t useful_tokens() const noexcept { return useful_; }
 
-  span<const Token> tokens() const noexcept { return p_.tokens; }                 // [rows][width]
-  span<const Index> positions() const noexcept { return p_.positions; }           // [rows][width]
-  span<const Index> segments() const noexcept { return p_.segments; }             // [rows][width]
-  span<const std::size_t> row_begin() const noexcept { return p_.row_begin; }     // [rows + 1]
-  span<const Index> row_prompts() const noexcept { return p_.row_prompts; }       // [n_prompts]
-  span<const Index> row_cu_seqlens() const noexcept { return p_.row_cu_seqlens; } // [n + rows]
-  span<const Index> prompt_row() const noexcept { return p_.prompt_row; }         // [n_prompts]
-  span<const Index> prompt_offset() const noexcept { return p_.prompt_offset; }   // [n_prompts]
-  span<const Index> prompt_length() const noexcept { return p_.prompt_length; }   // [n_prompts]
-  span<const Index> prompt_context() const noexcept { return p_.prompt_context; } // [n_prompts]
-  span<const Index> last_token() const noexcept { return p_.last_token; }         // [n_prompts]
+  span<const Token> tokens() const noexcept { return p_.tokens; }                  // [rows][width]
+  span<const Index> positions() const noexcept { return p_.positions; }            // [rows][width]
+  span<const Index> segments() const noexcept { return p_.segments; }              // [rows][width]
+  span<const std::size_t> row_begin() const noexcept { return p_.row_begin; }      // [rows + 1]
+  span<const Index> row_prompts() const noexcept { return p_.row_prompts; }        // [n_prompts]
+  span<const Index> row_cu_seqlens() const noexcept { return p_.row_cu_seqlens; }  // [n + rows]
+  span<const Index> prompt_row() const noexcept { return p_.prompt_row; }          // [n_prompts]
+  span<const Index> prompt_offset() const noexcept { return p_.prompt_offset; }    // [n_prompts]
+  span<const Index> prompt_length() const noexcept { return p_.prompt_length; }    // [n_prompts]
+  span<const Index> prompt_context() const noexcept { return p_.prompt_context; }  // [n_prompts]
+  span<const Index> last_token() const noexcept { return p_.last_token; }          // [n_prompts]
 
   /// Flat slot (row * width + offset) of prompt i's first token.
   std::size_t first_slot(std::size_t i) const noexcept {
@@ -190,7 +190,8 @@ void check_plan(const pack_plan<Length>& p) {
 // the width (which bounds offsets, lengths and the cumulative row ends), the largest slot
 // number, the largest prompt id and the largest position (context + length - 1).
 template <class Token, class Index, class Length>
-layout_parts<Token, Index> layout_skeleton(const pack_plan<Length>& p, span<const long long> context,
+layout_parts<Token, Index> layout_skeleton(const pack_plan<Length>& p,
+                                           span<const long long> context,
                                            const layout_options& opt) {
   check_plan(p);
   const std::size_t n = p.n_prompts();
@@ -205,8 +206,8 @@ layout_parts<Token, Index> layout_skeleton(const pack_plan<Length>& p, span<cons
   narrow<Index>(n - 1, "prompt id");
   for (std::size_t i = 0; i < context.size(); ++i) {
     require(context[i] >= 0, "prompt ", i, ": context ", context[i]);
-    const unsigned long long last =
-        static_cast<unsigned long long>(context[i]) + static_cast<unsigned long long>(p.length[i]) - 1;
+    const unsigned long long last = static_cast<unsigned long long>(context[i]) +
+                                    static_cast<unsigned long long>(p.length[i]) - 1;
     if (!fits<Index>(last)) {
       fail("prompt ", i, ": position ", last, " does not fit the ", type_name<Index>(),
            " index type");
@@ -261,8 +262,8 @@ std::size_t check_parts(const layout_parts<Token, Index>& l) {
   const std::size_t n = l.prompt_length.size();
   require(n > 0 && l.n_rows > 0 && l.width > 0, "layout: empty (", n, " prompts, ", l.n_rows,
           " rows, width ", l.width, ")");
-  require(fits<Index>(l.width) && fits<Index>(slots - 1) && fits<Index>(n - 1), "layout: ",
-          l.n_rows, " rows of width ", l.width, " and ", n, " prompts do not fit the ",
+  require(fits<Index>(l.width) && fits<Index>(slots - 1) && fits<Index>(n - 1),
+          "layout: ", l.n_rows, " rows of width ", l.width, " and ", n, " prompts do not fit the ",
           type_name<Index>(), " index type");
   require(l.tokens.size() == slots && l.positions.size() == slots && l.segments.size() == slots,
           "layout: arrays do not hold n_rows * width = ", slots, " slots");
@@ -299,8 +300,7 @@ std::size_t check_parts(const layout_parts<Token, Index>& l) {
   std::size_t marked = 0;
   for (std::size_t s = 0; s < slots; ++s) {
     const Index seg = l.segments[s];
-    require(seg >= -1, "layout: slot ", s, " holds segment ", seg,
-            " (a pad slot's segment is -1)");
+    require(seg >= -1, "layout: slot ", s, " holds segment ", seg, " (a pad slot's segment is -1)");
     marked += seg >= 0 ? 1 : 0;
   }
   require(marked == useful, "layout: ", marked, " slots carry a segment id but the prompts hold ",
@@ -341,15 +341,15 @@ namespace detail {
 
 template <class Token, class Index, class Length, class T>
 packed_layout<Token, Index> build_layout(const pack_plan<Length>& plan, span<const T> tokens,
-                                         span<const long long> context,
-                                         const layout_options& opt) {
+                                         span<const long long> context, const layout_options& opt) {
   static_assert(std::is_integral_v<T>, "token ids must be integers");
   std::size_t total = 0;
   for (Length len : plan.length) total = add(total, static_cast<std::size_t>(len), "tokens");
   require(tokens.size() == total, "token count ", tokens.size(),
           " does not match the lengths' total ", total);
   for (std::size_t k = 0; k < tokens.size(); ++k) {
-    if (!fits<Token>(tokens[k])) fail("token ", k, ": id ", tokens[k], " does not fit the token type");
+    if (!fits<Token>(tokens[k]))
+      fail("token ", k, ": id ", tokens[k], " does not fit the token type");
   }
   layout_parts<Token, Index> l = layout_skeleton<Token, Index>(plan, context, opt);
   std::size_t src = 0;

@@ -22,8 +22,8 @@ class block_allocator {
  public:
   explicit block_allocator(std::size_t n_blocks) : refs_(n_blocks, 0) {
     detail::require(n_blocks > 0, "block allocator: the pool has no blocks");
-    detail::require(n_blocks <= static_cast<std::size_t>(INT32_MAX), "block allocator: ",
-                    n_blocks, " blocks do not fit int32 block ids");
+    detail::require(n_blocks <= static_cast<std::size_t>(INT32_MAX), "block allocator: ", n_blocks,
+                    " blocks do not fit int32 block ids");
     free_.reserve(n_blocks);
     for (std::size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<std::int32_t>(b));
   }
@@ -64,8 +64,8 @@ class block_allocator {
                     b, " outside 0..", refs_.size() - 1);
     return static_cast<std::size_t>(b);
   }
-  std::vector<std::size_t> refs_;    // [n_blocks]  readers of each block
-  std::vector<std::int32_t> free_;   // free blocks, the lowest on top
+  std::vector<std::size_t> refs_;   // [n_blocks]  readers of each block
+  std::vector<std::int32_t> free_;  // free blocks, the lowest on top
 };
 
 /// Block tables of several sequences: row s lists the blocks holding positions
@@ -73,8 +73,8 @@ class block_allocator {
 /// vLLM's block_tables tensor and FlashAttention's page_table are.
 struct block_tables {
   std::size_t block_size = 0;
-  std::size_t max_blocks = 0;          // entries per row
-  std::vector<std::int32_t> table;     // [n_seqs][max_blocks]  -1 past a sequence's blocks
+  std::size_t max_blocks = 0;       // entries per row
+  std::vector<std::int32_t> table;  // [n_seqs][max_blocks]  -1 past a sequence's blocks
 
   std::size_t n_seqs() const noexcept { return max_blocks == 0 ? 0 : table.size() / max_blocks; }
   span<const std::int32_t> row(std::size_t s) const noexcept {

@@ -204,8 +204,8 @@ inline step_schedule budgeted_schedule(span<const schedule_item> items, const bu
   // Processing order: level by level (an item after its predecessor), then by the policy's key.
   std::vector<std::size_t> order(items.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  const bool longest = opt.policy == chunking::whole_first ||
-                       opt.order == schedule_order::longest_first;
+  const bool longest =
+      opt.policy == chunking::whole_first || opt.order == schedule_order::longest_first;
   const bool shortest = opt.policy == chunking::fill && opt.order == schedule_order::shortest_first;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
     if (depth[a] != depth[b]) return depth[a] < depth[b];

@@ -33,26 +33,26 @@ PREPACK_NAMESPACE_BEGIN
 template <class Token = std::int32_t, class Index = std::int32_t>
 struct step_inputs {
   // Per sequence.
-  std::vector<std::size_t> seq_item;        // [n_seqs]      schedule item (prompt) of sequence s
-  std::vector<std::int64_t> seq_id;         // [n_seqs]      the caller's id for it
-  std::vector<Index> context_lens;          // [n_seqs]      tokens already cached
-  std::vector<Index> query_lens;            // [n_seqs]      tokens computed in this step
-  std::vector<Index> seq_lens;              // [n_seqs]      context + query (seqused_k)
-  std::vector<Index> cu_seqlens_q;          // [n_seqs + 1]  query_start_loc
-  std::vector<Index> cu_seqlens_k;          // [n_seqs + 1]  over seq_lens: context + query
-  Index max_seqlen_q = 0;                   //               longest query
-  Index max_seqlen_k = 0;                   //               longest context + query
-  std::vector<std::uint8_t> completes;      // [n_seqs]      1 if the chunk ends its prompt
-  block_tables tables;                      // [n_seqs][max_blocks]  the sequences' blocks
+  std::vector<std::size_t> seq_item;    // [n_seqs]      schedule item (prompt) of sequence s
+  std::vector<std::int64_t> seq_id;     // [n_seqs]      the caller's id for it
+  std::vector<Index> context_lens;      // [n_seqs]      tokens already cached
+  std::vector<Index> query_lens;        // [n_seqs]      tokens computed in this step
+  std::vector<Index> seq_lens;          // [n_seqs]      context + query (seqused_k)
+  std::vector<Index> cu_seqlens_q;      // [n_seqs + 1]  query_start_loc
+  std::vector<Index> cu_seqlens_k;      // [n_seqs + 1]  over seq_lens: context + query
+  Index max_seqlen_q = 0;               //               longest query
+  Index max_seqlen_k = 0;               //               longest context + query
+  std::vector<std::uint8_t> completes;  // [n_seqs]      1 if the chunk ends its prompt
+  block_tables tables;                  // [n_seqs][max_blocks]  the sequences' blocks
   // Per token.
-  std::vector<Token> tokens;                // [n_tokens]    token ids
-  std::vector<Index> positions;             // [n_tokens]    context_len + i within a sequence
-  std::vector<std::int64_t> token_seq_id;   // [n_tokens]    caller's sequence id (llama_batch)
-  std::vector<std::int8_t> logits;          // [n_tokens]    1 on the last token of a sequence
-                                            //               whose chunk completes its prompt
-  std::vector<std::int64_t> slot_mapping;   // [n_tokens]    pool slot: block * block_size +
-                                            //               position % block_size
-  std::size_t n_blocks = 0;                 // blocks of the pool the slots index
+  std::vector<Token> tokens;               // [n_tokens]    token ids
+  std::vector<Index> positions;            // [n_tokens]    context_len + i within a sequence
+  std::vector<std::int64_t> token_seq_id;  // [n_tokens]    caller's sequence id (llama_batch)
+  std::vector<std::int8_t> logits;         // [n_tokens]    1 on the last token of a sequence
+                                           //               whose chunk completes its prompt
+  std::vector<std::int64_t> slot_mapping;  // [n_tokens]    pool slot: block * block_size +
+                                           //               position % block_size
+  std::size_t n_blocks = 0;                // blocks of the pool the slots index
 
   std::size_t n_seqs() const noexcept { return seq_item.size(); }
   std::size_t n_tokens() const noexcept { return tokens.size(); }
@@ -73,9 +73,9 @@ void check_step(const step_schedule& sched, std::size_t s,
     const schedule_item& it = sched.items[c.item];
     require(item_tokens[c.item].size() == it.length, "prompt ", c.item, ": ",
             item_tokens[c.item].size(), " tokens, the schedule says ", it.length);
-    require(c.length > 0 && c.start <= it.length && c.length <= it.length - c.start,
-            "prompt ", c.item, ": chunk at token ", c.start, " of ", c.length,
-            " tokens runs past its ", it.length, " tokens");
+    require(c.length > 0 && c.start <= it.length && c.length <= it.length - c.start, "prompt ",
+            c.item, ": chunk at token ", c.start, " of ", c.length, " tokens runs past its ",
+            it.length, " tokens");
     require(c.context == it.context + c.start, "prompt ", c.item, ": chunk context ", c.context,
             " is not the prompt's context ", it.context, " + its start ", c.start);
   }
@@ -94,7 +94,8 @@ inline std::vector<std::int32_t> table_row(const block_tables& t, std::size_t r)
 
 // Checks that each sequence's blocks cover its context and query, entries in range, and that no
 // block is written by two sequences of the step.
-inline void check_step_blocks(const std::vector<std::size_t>& ctx, const std::vector<std::size_t>& len,
+inline void check_step_blocks(const std::vector<std::size_t>& ctx,
+                              const std::vector<std::size_t>& len,
                               const std::vector<std::size_t>& item,
                               const std::vector<std::vector<std::int32_t>>& rows,
                               std::size_t block_size, std::size_t n_blocks) {
@@ -149,8 +150,8 @@ step_inputs<Token, Index> make_step_inputs(const step_schedule& sched, std::size
   require(tables.block_size > 0, "block tables: block size 0");
   require(tables.n_seqs() >= sched.n_items(), "block tables: ", tables.n_seqs(), " rows for ",
           sched.n_items(), " prompts");
-  require(opt.seq_ids.empty() || opt.seq_ids.size() == sched.n_items(), "sequence ids: ",
-          opt.seq_ids.size(), " for ", sched.n_items(), " prompts");
+  require(opt.seq_ids.empty() || opt.seq_ids.size() == sched.n_items(),
+          "sequence ids: ", opt.seq_ids.size(), " for ", sched.n_items(), " prompts");
   const span<const chunk> chunks = sched.step(s);
   step_inputs<Token, Index> in;
   in.n_blocks = n_blocks;
@@ -249,8 +250,8 @@ step_layout<Token, Index> make_step_layout(const step_schedule& sched, std::size
     out.seq_item.push_back(c.item);
   }
   const auto plan = first_fit_decreasing(span<const std::size_t>(lengths), capacity);
-  out.layout = make_layout<Token, Index>(plan, span<const T>(flat),
-                                         span<const long long>(context), opt);
+  out.layout =
+      make_layout<Token, Index>(plan, span<const T>(flat), span<const long long>(context), opt);
   out.tables = make_block_tables(rows, tables.block_size);
   out.slots = make_slot_mapping(out.layout, out.tables.view(), n_blocks, tables.block_size);
   return out;

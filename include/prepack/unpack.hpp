@@ -265,8 +265,8 @@ void check_heads(const tensor_view<S, 5>& src, const tensor_view<T, R>& dst, con
   require(dst.extent[0] == src.extent[0], what, ": ", dst.extent[0], " layers, the source has ",
           src.extent[0]);
   require(dst.extent[R - 2] == src.extent[3] && dst.extent[R - 1] == src.extent[4], what, ": ",
-          dst.extent[R - 2], " heads x ", dst.extent[R - 1], " dims, the source has ", src.extent[3],
-          " x ", src.extent[4]);
+          dst.extent[R - 2], " heads x ", dst.extent[R - 1], " dims, the source has ",
+          src.extent[3], " x ", src.extent[4]);
 }
 
 // Copies one token's (head, dim) block, converting to the destination's element type.
@@ -535,14 +535,16 @@ template <class T, class S>
 void write_slots(const slot_mapping& m, tensor_view<S, 3> src, tensor_view<T, 4> pool) {
   detail::check_view(src, "source", false);
   detail::check_view(pool, "paged pool", true);
-  detail::require(src.extent[0] == m.slots().size(), "source: ", src.extent[0], " tokens, the slot "
-                  "mapping has ", m.slots().size());
+  detail::require(src.extent[0] == m.slots().size(), "source: ", src.extent[0],
+                  " tokens, the slot "
+                  "mapping has ",
+                  m.slots().size());
   detail::require(pool.extent[0] == m.n_blocks() && pool.extent[1] == m.block_size(),
                   "paged pool: ", pool.extent[0], " blocks of ", pool.extent[1],
                   ", the slot mapping was built for ", m.n_blocks(), " of ", m.block_size());
   detail::require(pool.extent[2] == src.extent[1] && pool.extent[3] == src.extent[2],
-                  "paged pool: ", pool.extent[2], " heads x ", pool.extent[3], " dims, the source has ",
-                  src.extent[1], " x ", src.extent[2]);
+                  "paged pool: ", pool.extent[2], " heads x ", pool.extent[3],
+                  " dims, the source has ", src.extent[1], " x ", src.extent[2]);
   for (std::size_t t = 0; t < src.extent[0]; ++t) {
     const std::int64_t s = m.slots()[t];
     if (s < 0) continue;
@@ -561,7 +563,8 @@ tensor_view<S, 3> flatten_rows(const tensor_view<S, 4>& v) {
   detail::require(v.extent[0] <= 1 || v.stride[0] == v.extent[1] * v.stride[1],
                   "source: rows are not contiguous runs of slots (row stride ", v.stride[0],
                   ", width ", v.extent[1], " x slot stride ", v.stride[1], ")");
-  return {v.data, {v.extent[0] * v.extent[1], v.extent[2], v.extent[3]},
+  return {v.data,
+          {v.extent[0] * v.extent[1], v.extent[2], v.extent[3]},
           {v.stride[1], v.stride[2], v.stride[3]}};
 }
 

@@ -19,7 +19,8 @@ int main() {
   const auto plan = prepack::first_fit_decreasing(lengths);
   const auto layout = prepack::make_layout(plan, tokens);
   std::vector<float> packed(layout.n_slots());
-  for (std::size_t s = 0; s < packed.size(); ++s) packed[s] = static_cast<float>(layout.tokens()[s]);
+  for (std::size_t s = 0; s < packed.size(); ++s)
+    packed[s] = static_cast<float>(layout.tokens()[s]);
   const auto per_prompt = prepack::unpack_contiguous(
       layout, prepack::packed_view<const float>(packed.data(), prepack::kv_order::row_slot_head_dim,
                                                 layout.n_rows(), layout.width(), 1, 1));

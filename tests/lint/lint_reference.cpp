@@ -20,9 +20,11 @@ int main() {
   const auto tables = ref::tables_of(pool);
   for (std::size_t s = 0; s < sched.n_steps(); ++s) {
     if (s % 2 == 0) {
-      m.forward(prepack::make_step_inputs(sched, s, prompts, tables, pool.pool.n_blocks()), pool.pool);
+      m.forward(prepack::make_step_inputs(sched, s, prompts, tables, pool.pool.n_blocks()),
+                pool.pool);
     } else {
-      m.forward(prepack::make_step_layout(sched, s, prompts, tables, pool.pool.n_blocks()), pool.pool);
+      m.forward(prepack::make_step_layout(sched, s, prompts, tables, pool.pool.n_blocks()),
+                pool.pool);
     }
   }
   return d.tokens.size() == 2 && alone.first.seqs.size() == 2 ? 0 : 1;

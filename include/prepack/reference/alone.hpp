@@ -26,8 +26,7 @@ namespace reference {
 template <class T>
 std::pair<paged_cache, matrix> prefill_alone(const model& m,
                                              const std::vector<std::vector<T>>& prompts,
-                                             std::size_t extra = 0,
-                                             const prefill_options& opt = {},
+                                             std::size_t extra = 0, const prefill_options& opt = {},
                                              std::size_t block_size = 16) {
   std::vector<std::size_t> room;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
@@ -60,15 +59,17 @@ inline float max_abs_diff(const paged_cache& a, const paged_cache& b) {
   const std::size_t kv = a.pool.kv_dim();
   float worst = 0.0f;
   for (std::size_t i = 0; i < a.seqs.size(); ++i) {
-    require(a.seqs[i].length == b.seqs[i].length, "sequence ", i, ": length ",
-            a.seqs[i].length, " vs ", b.seqs[i].length);
+    require(a.seqs[i].length == b.seqs[i].length, "sequence ", i, ": length ", a.seqs[i].length,
+            " vs ", b.seqs[i].length);
     for (int layer = 0; layer < a.pool.n_layers(); ++layer) {
       for (std::size_t p = 0; p < a.seqs[i].length; ++p) {
         const std::size_t sa = a.seqs[i].slot(p, a.pool.block_size()) * kv;
         const std::size_t sb = b.seqs[i].slot(p, b.pool.block_size()) * kv;
         for (std::size_t e = 0; e < kv; ++e) {
-          worst = std::max(worst, std::abs(a.pool.keys(layer)[sa + e] - b.pool.keys(layer)[sb + e]));
-          worst = std::max(worst, std::abs(a.pool.values(layer)[sa + e] - b.pool.values(layer)[sb + e]));
+          worst =
+              std::max(worst, std::abs(a.pool.keys(layer)[sa + e] - b.pool.keys(layer)[sb + e]));
+          worst = std::max(worst,
+                           std::abs(a.pool.values(layer)[sa + e] - b.pool.values(layer)[sb + e]));
         }
       }
     }

@@ -37,12 +37,12 @@ struct key_run {
 
 // One attention task: queries [first, last) of a sequence for one KV head.
 struct attention_task {
-  std::int64_t q_row = 0;       // batch row of the sequence's query 0
-  std::int64_t first = 0;       // first query of the tile (index within the sequence)
-  std::int64_t last = 0;        // one past its last query
-  std::int64_t context = 0;     // keys cached before query 0: query i sees keys 0 .. context + i
-  std::int64_t n_keys = 0;      // keys of the sequence (context + its queries, or a row's width)
-  std::size_t runs_begin = 0;   // its key runs: runs[runs_begin, runs_end), in position order
+  std::int64_t q_row = 0;      // batch row of the sequence's query 0
+  std::int64_t first = 0;      // first query of the tile (index within the sequence)
+  std::int64_t last = 0;       // one past its last query
+  std::int64_t context = 0;    // keys cached before query 0: query i sees keys 0 .. context + i
+  std::int64_t n_keys = 0;     // keys of the sequence (context + its queries, or a row's width)
+  std::size_t runs_begin = 0;  // its key runs: runs[runs_begin, runs_end), in position order
   std::size_t runs_end = 0;
   int kv_head = 0;
   const float* mask = nullptr;  // [queries][n_keys] additive (dense path); null: causal
@@ -54,8 +54,8 @@ struct attention_task {
 
 // What one thread needs for any task: sized for the largest tile once per forward pass.
 struct attention_scratch {
-  matrix q, k, v, s, o;       // [rows][d], [key_tile][d] x 2, [rows][key_tile], [rows][d]
-  Eigen::ArrayXf m, l;        // [rows]  running max and sum of each row
+  matrix q, k, v, s, o;  // [rows][d], [key_tile][d] x 2, [rows][key_tile], [rows][d]
+  Eigen::ArrayXf m, l;   // [rows]  running max and sum of each row
   attention_scratch(Eigen::Index rows, Eigen::Index head_dim)
       : q(rows, head_dim),
         k(key_tile, head_dim),
@@ -79,8 +79,8 @@ struct attention_io {
   const float* keys = nullptr;    // [store slots][kv_dim]
   const float* values = nullptr;  // [store slots][kv_dim]
   Eigen::Index q_stride = 0, out_stride = 0, kv_dim = 0, head_dim = 0;
-  int group = 1;               // query heads per KV head
-  float scale = 1.0f;          // 1 / sqrt(head_dim)
+  int group = 1;       // query heads per KV head
+  float scale = 1.0f;  // 1 / sqrt(head_dim)
   const key_run* runs = nullptr;
 };
 
@@ -128,7 +128,8 @@ inline double attend(const attention_io& io, const attention_task& t, attention_
   std::int64_t offset = 0;
   double flops = 0;
   for (std::int64_t k0 = 0; k0 < visible; k0 += key_tile) {
-    const Eigen::Index kc = static_cast<Eigen::Index>(std::min<std::int64_t>(key_tile, visible - k0));
+    const Eigen::Index kc =
+        static_cast<Eigen::Index>(std::min<std::int64_t>(key_tile, visible - k0));
     gather_keys(io, t, run, offset, kc, w);
     auto s = w.s.topLeftCorner(rows, kc);
     s.noalias() = q * w.k.topRows(kc).transpose();
@@ -136,7 +137,7 @@ inline double attend(const attention_io& io, const attention_task& t, attention_
     for (Eigen::Index r = 0; r < rows; ++r) {
       const Eigen::Index i = r / g;  // query of the tile
       auto row = s.row(r).array();
-      Eigen::Index seen = kc;        // keys of this tile the query may see
+      Eigen::Index seen = kc;  // keys of this tile the query may see
       if (t.mask != nullptr) {
         const float* mrow = t.mask + (t.first + i) * t.n_keys + k0;
         row += Eigen::Map<const Eigen::ArrayXf>(mrow, kc).transpose();

@@ -66,9 +66,10 @@ paged_cache unpack_caches(const model& m, const packed_layout<Token, Index>& l,
       r.n_layers == c.n_layers && r.n_kv_heads == c.n_kv_heads && r.head_dim == c.head_size(),
       "prefill result: ", r.n_layers, " layers x ", r.n_kv_heads, " kv heads x ", r.head_dim,
       " dims, the model has ", c.n_layers, " x ", c.n_kv_heads, " x ", c.head_size());
-  prepack::detail::require(r.n_rows == l.n_rows() && r.width == l.width(), "prefill result: ",
-                           r.n_rows, " rows x ", r.width, " slots, the layout has ", l.n_rows(),
-                           " x ", l.width(), " (a layout from another batch?)");
+  prepack::detail::require(r.n_rows == l.n_rows() && r.width == l.width(),
+                           "prefill result: ", r.n_rows, " rows x ", r.width,
+                           " slots, the layout has ", l.n_rows(), " x ", l.width(),
+                           " (a layout from another batch?)");
   std::vector<std::size_t> room;
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
     room.push_back(static_cast<std::size_t>(l.prompt_length()[i]) + extra);

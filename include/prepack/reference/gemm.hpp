@@ -46,7 +46,8 @@ constexpr bool onednn_available() noexcept {
 /// The backend `b` resolves to in this build. Throws prepack::error for onednn in a build
 /// without it.
 inline gemm_backend resolve(gemm_backend b) {
-  if (b == gemm_backend::automatic) return onednn_available() ? gemm_backend::onednn : gemm_backend::eigen;
+  if (b == gemm_backend::automatic)
+    return onednn_available() ? gemm_backend::onednn : gemm_backend::eigen;
   prepack::detail::require(b != gemm_backend::onednn || onednn_available(),
                            "gemm backend onednn: this build has no oneDNN (configure with "
                            "libdnnl-dev installed, under GCC's OpenMP)");
@@ -70,7 +71,9 @@ inline const char* backend_name(gemm_backend b) {
 /// accumulated in fp32, as AVX512-BF16 computes them).
 enum class weight_type { f32, bf16 };
 
-inline const char* weight_type_name(weight_type t) { return t == weight_type::bf16 ? "bf16" : "f32"; }
+inline const char* weight_type_name(weight_type t) {
+  return t == weight_type::bf16 ? "bf16" : "f32";
+}
 
 namespace detail {
 
@@ -82,8 +85,8 @@ struct onednn_bf16 {
   dnnl::matmul matmul;
   dnnl::memory weights;
   std::int64_t k = 0, n = 0;
-  std::mutex lock;                  // one call at a time (the conversion buffer is shared)
-  std::vector<std::uint16_t> a16;   // [rows][k]  the activations in bf16
+  std::mutex lock;                 // one call at a time (the conversion buffer is shared)
+  std::vector<std::uint16_t> a16;  // [rows][k]  the activations in bf16
 
   onednn_bf16(const matrix& w, bool transposed) {
     using dnnl::memory;
@@ -97,7 +100,8 @@ struct onednn_bf16 {
     po.append_sum(1.0f);  // C += A * B: the residual add, or onto zeros
     dnnl::primitive_attr attr;
     attr.set_post_ops(po);
-    const auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
+    const auto pd =
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
     matmul = dnnl::matmul(pd);
     std::vector<std::uint16_t> b16(static_cast<std::size_t>(k * n));
     for (std::int64_t r = 0; r < k; ++r) {
@@ -144,7 +148,8 @@ struct onednn_bf16 {
 class linear {
  public:
   linear() = default;
-  linear(matrix w, bool transposed, weight_type type) : w_(std::move(w)), transposed_(transposed), type_(type) {
+  linear(matrix w, bool transposed, weight_type type)
+      : w_(std::move(w)), transposed_(transposed), type_(type) {
     if (type_ == weight_type::bf16) {
       for (Eigen::Index i = 0; i < w_.size(); ++i) {
         w_.data()[i] = bfloat16::to_float(bfloat16::from_float(w_.data()[i]));
@@ -174,8 +179,8 @@ class linear {
         bf16_->run(m, a, lda, c, ldc, accumulate);
         return;
       }
-      dnnl_sgemm('N', transposed_ ? 'T' : 'N', m, out(), in(), 1.0f, a, lda, w_.data(),
-                 w_.cols(), accumulate ? 1.0f : 0.0f, c, ldc);
+      dnnl_sgemm('N', transposed_ ? 'T' : 'N', m, out(), in(), 1.0f, a, lda, w_.data(), w_.cols(),
+                 accumulate ? 1.0f : 0.0f, c, ldc);
       return;
 #endif
     }

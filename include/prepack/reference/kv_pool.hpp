@@ -53,7 +53,8 @@ class kv_pool {
   std::size_t block_size() const noexcept { return block_size_; }
   std::size_t n_slots() const noexcept { return n_slots_; }
   std::size_t bytes() const noexcept {
-    return (keys_.size() + values_.size()) * sizeof(float) + position_.size() * sizeof(std::int64_t);
+    return (keys_.size() + values_.size()) * sizeof(float) +
+           position_.size() * sizeof(std::int64_t);
   }
 
   /// Layer l's keys / values: [n_slots][kv_dim], slot-major.

@@ -111,9 +111,7 @@ struct prefill_result {
 
   /// Every layer's packed keys and values as (layer, row, slot, head, dim), for prepack's
   /// unpackers.
-  packed_kv<const float> kv() const {
-    return {view(keys), view(values)};
-  }
+  packed_kv<const float> kv() const { return {view(keys), view(values)}; }
   /// Layer l's packed keys / values as (row, slot, head, dim).
   tensor_view<const float, 4> key_view(int layer) const { return layer_view(keys, layer); }
   tensor_view<const float, 4> value_view(int layer) const { return layer_view(values, layer); }
@@ -136,9 +134,9 @@ struct prefill_result {
 
 /// The output of one forward pass over a paged pool (a step).
 struct step_result {
-  matrix logits;                         // [n_outputs][vocab]  one row per flagged token
-  std::vector<std::size_t> output_seq;   // [n_outputs]  sequence of the step each row is for
-  std::vector<std::size_t> output_token; // [n_outputs]  its token (row of the batch)
+  matrix logits;                          // [n_outputs][vocab]  one row per flagged token
+  std::vector<std::size_t> output_seq;    // [n_outputs]  sequence of the step each row is for
+  std::vector<std::size_t> output_token;  // [n_outputs]  its token (row of the batch)
   memory_stats memory;
   prefill_profile profile;
 };
@@ -207,20 +205,20 @@ struct kv_store {
   float* values = nullptr;
   std::size_t layer_stride = 0;  // elements between layers
   std::size_t n_slots = 0;
-  std::size_t bytes = 0;         // for the memory report
+  std::size_t bytes = 0;  // for the memory report
 };
 
 // What the forward pass sees of a batch: token rows, where each row's K and V go, and the
 // sequences whose queries attend. It knows nothing of prompts, plans or schedules.
 struct batch {
-  std::vector<std::int32_t> token;    // [n]  token id of each row
-  std::vector<std::int64_t> pos;      // [n]  position of each row
-  std::vector<std::int64_t> slot;     // [n]  store slot of the row's K and V; -1: not written
-  std::vector<key_run> runs;          // key runs of every sequence
-  std::vector<attention_task> seqs;   // one per sequence: queries [0, q_len) of q_row on
-  std::vector<std::size_t> outputs;   // rows whose logits are wanted, in output order
-  std::vector<std::size_t> idle;      // rows no sequence covers (pad slots): attention gives 0
-  std::size_t mask_bytes = 0;         // the dense mask's size, for the memory report
+  std::vector<std::int32_t> token;   // [n]  token id of each row
+  std::vector<std::int64_t> pos;     // [n]  position of each row
+  std::vector<std::int64_t> slot;    // [n]  store slot of the row's K and V; -1: not written
+  std::vector<key_run> runs;         // key runs of every sequence
+  std::vector<attention_task> seqs;  // one per sequence: queries [0, q_len) of q_row on
+  std::vector<std::size_t> outputs;  // rows whose logits are wanted, in output order
+  std::vector<std::size_t> idle;     // rows no sequence covers (pad slots): attention gives 0
+  std::size_t mask_bytes = 0;        // the dense mask's size, for the memory report
 
   std::size_t n() const noexcept { return token.size(); }
   std::int64_t max_pos() const noexcept {
@@ -274,13 +272,13 @@ class workspace {
   template <class F>
   void for_each_buffer(const config& c, std::size_t n, std::size_t n_out, F&& f) {
     const auto u = [](int v) { return static_cast<std::size_t>(v); };
-    f(h_, n, u(c.hidden));                           // residual stream
-    f(qkv_, n, u(c.q_dim() + 2 * c.kv_dim()));       // fused projection; Q after RoPE
-    f(att_, n, u(c.q_dim()));                        // attention output
-    f(gu_, n, 2 * u(c.ffn));                         // gate | up; SwiGLU over the gate half
-    f(scale_, n, std::size_t{1});                    // RMSNorm scale of each row
-    f(last_, n_out, u(c.hidden));                    // final-normed output rows
-    f(logits_, n_out, u(c.vocab));                   // their logits
+    f(h_, n, u(c.hidden));                      // residual stream
+    f(qkv_, n, u(c.q_dim() + 2 * c.kv_dim()));  // fused projection; Q after RoPE
+    f(att_, n, u(c.q_dim()));                   // attention output
+    f(gu_, n, 2 * u(c.ffn));                    // gate | up; SwiGLU over the gate half
+    f(scale_, n, std::size_t{1});               // RMSNorm scale of each row
+    f(last_, n_out, u(c.hidden));               // final-normed output rows
+    f(logits_, n_out, u(c.vocab));              // their logits
   }
 
   // Bytes of a pass's activations (RoPE table included) and per-thread attention scratch.
@@ -288,10 +286,11 @@ class workspace {
                                             std::int64_t max_pos, int n_threads) {
     std::size_t act = 0;
     for_each_buffer(c, n, n_out, [&](std::vector<float>&, std::size_t rows, std::size_t cols) {
-      act = prepack::detail::add(
-          act, prepack::detail::mul(prepack::detail::mul(rows, cols, "activations"), sizeof(float),
-                                    "activations"),
-          "activations");
+      act =
+          prepack::detail::add(act,
+                               prepack::detail::mul(prepack::detail::mul(rows, cols, "activations"),
+                                                    sizeof(float), "activations"),
+                               "activations");
     });
     act = prepack::detail::add(
         act,
@@ -462,9 +461,7 @@ class model {
   step_result forward(const step_inputs<Token, Index>& in, kv_pool& pool,
                       const exec_options& opt = {}) const {
     detail::batch b = step_batch(in, pool);
-    return pool_forward(b, pool, opt, [&](std::size_t t) {
-      return seq_of_token(in, t);
-    });
+    return pool_forward(b, pool, opt, [&](std::size_t t) { return seq_of_token(in, t); });
   }
 
   /// A step laid out as rows (make_step_layout) over a paged pool: as above, pad slots
@@ -622,17 +619,18 @@ class model {
 
   template <class Token, class Index>
   static std::size_t seq_of_token(const step_inputs<Token, Index>& in, std::size_t t) {
-    const auto it = std::upper_bound(in.cu_seqlens_q.begin(), in.cu_seqlens_q.end(),
-                                     static_cast<Index>(t));
+    const auto it =
+        std::upper_bound(in.cu_seqlens_q.begin(), in.cu_seqlens_q.end(), static_cast<Index>(t));
     return static_cast<std::size_t>(it - in.cu_seqlens_q.begin()) - 1;
   }
 
   // Checks a sequence against the pool before anything is written: its block table covers
   // context + query with blocks of the pool, its context is cached at the slots the table
   // names, and each of its tokens' slots is where the table puts the token's position.
-  void check_pool_sequence(const kv_pool& pool, span<const std::int32_t> blocks, std::size_t context,
-                           std::size_t q_len, const std::int64_t* slots, const std::int64_t* pos,
-                           std::int64_t id, std::vector<std::pair<std::int64_t, std::int64_t>>& read) const {
+  void check_pool_sequence(const kv_pool& pool, span<const std::int32_t> blocks,
+                           std::size_t context, std::size_t q_len, const std::int64_t* slots,
+                           const std::int64_t* pos, std::int64_t id,
+                           std::vector<std::pair<std::int64_t, std::int64_t>>& read) const {
     using prepack::detail::require;
     const std::size_t bs = pool.block_size();
     const std::size_t need = blocks_for(context + q_len, bs);
@@ -722,8 +720,8 @@ class model {
     for (std::size_t q = 0; q < n_seqs; ++q) {
       const auto q0 = static_cast<std::size_t>(in.cu_seqlens_q[q]);
       const auto q1 = static_cast<std::size_t>(in.cu_seqlens_q[q + 1]);
-      require(q0 < q1 && q1 <= n && static_cast<long long>(q1 - q0) ==
-                                         static_cast<long long>(in.query_lens[q]),
+      require(q0 < q1 && q1 <= n &&
+                  static_cast<long long>(q1 - q0) == static_cast<long long>(in.query_lens[q]),
               "step: sequence ", q, ": cu_seqlens_q disagree with query_lens");
       require(in.context_lens[q] >= 0, "step: sequence ", q, ": context ", in.context_lens[q]);
       const auto ctx = static_cast<std::size_t>(in.context_lens[q]);
@@ -815,7 +813,8 @@ class model {
 
     // Embedding.
     for (Eigen::Index t = 0; t < n; ++t) {
-      h.row(t) = Eigen::Map<const Eigen::RowVectorXf>(embedding(b.token[static_cast<std::size_t>(t)]), hidden);
+      h.row(t) = Eigen::Map<const Eigen::RowVectorXf>(
+          embedding(b.token[static_cast<std::size_t>(t)]), hidden);
     }
     for (int li = 0; li < c.n_layers; ++li) {
       const layer& L = layers_[static_cast<std::size_t>(li)];
@@ -824,9 +823,8 @@ class model {
 
       // Attention block: RMSNorm scale, fused Q K V projection.
       row_scales(h, scale, nt);
-      t_linear += detail::timed([&] {
-        L.qkv.apply(backend, n, h.data(), hidden, qkv.data(), qkv_dim, false);
-      });
+      t_linear += detail::timed(
+          [&] { L.qkv.apply(backend, n, h.data(), hidden, qkv.data(), qkv_dim, false); });
       // Norm scale and bias, RoPE on Q and K, then K and V into the store at their slots.
       PREPACK_OMP(parallel for num_threads(nt) schedule(static))
       for (Eigen::Index t = 0; t < n; ++t) {
@@ -864,29 +862,27 @@ class model {
         double f = 0;
         PREPACK_OMP(parallel for num_threads(nt) schedule(dynamic, 1) reduction(+ : f))
         for (std::int64_t k = 0; k < n_tasks; ++k) {
-          f += detail::attend(io, tasks[static_cast<std::size_t>(k)], w.scratch(detail::thread_id()));
+          f += detail::attend(io, tasks[static_cast<std::size_t>(k)],
+                              w.scratch(detail::thread_id()));
         }
         flops_attention += f;
       });
       // Output projection, added to the residual stream.
-      t_linear += detail::timed([&] {
-        L.o.apply(backend, n, att.data(), q_dim, h.data(), hidden, true);
-      });
+      t_linear +=
+          detail::timed([&] { L.o.apply(backend, n, att.data(), q_dim, h.data(), hidden, true); });
 
       // MLP block: RMSNorm scale, fused gate | up projection, SwiGLU, down projection added to
       // the residual stream.
       row_scales(h, scale, nt);
-      t_linear += detail::timed([&] {
-        L.gate_up.apply(backend, n, h.data(), hidden, gu.data(), 2 * ffn, false);
-      });
+      t_linear += detail::timed(
+          [&] { L.gate_up.apply(backend, n, h.data(), hidden, gu.data(), 2 * ffn, false); });
       PREPACK_OMP(parallel for num_threads(nt) schedule(static))
       for (Eigen::Index t = 0; t < n; ++t) {
         float* row = gu.row(t).data();
         detail::swiglu(row, row + ffn, scale[t], static_cast<std::size_t>(ffn));
       }
-      t_linear += detail::timed([&] {
-        L.down.apply(backend, n, gu.data(), 2 * ffn, h.data(), hidden, true);
-      });
+      t_linear += detail::timed(
+          [&] { L.down.apply(backend, n, gu.data(), 2 * ffn, h.data(), hidden, true); });
     }
 
     // Final norm and LM head, over the rows whose logits are wanted only.
@@ -903,9 +899,9 @@ class model {
 
     double per_token = 0;
     for (const layer& L : layers_) {
-      per_token += 2.0 * static_cast<double>(L.qkv.in() * L.qkv.out() + L.o.in() * L.o.out() +
-                                             L.gate_up.in() * L.gate_up.out() +
-                                             L.down.in() * L.down.out());
+      per_token +=
+          2.0 * static_cast<double>(L.qkv.in() * L.qkv.out() + L.o.in() * L.o.out() +
+                                    L.gate_up.in() * L.gate_up.out() + L.down.in() * L.down.out());
     }
     profile.linear_flops = per_token * static_cast<double>(n) +
                            2.0 * static_cast<double>(n_out) * static_cast<double>(hidden) * c.vocab;
@@ -922,7 +918,8 @@ class model {
     const Eigen::Index n = h.rows();
     PREPACK_OMP(parallel for num_threads(nt) schedule(static))
     for (Eigen::Index t = 0; t < n; ++t) {
-      scale[t] = detail::rms_scale(h.row(t).data(), static_cast<std::size_t>(h.cols()), cfg_.rms_eps);
+      scale[t] =
+          detail::rms_scale(h.row(t).data(), static_cast<std::size_t>(h.cols()), cfg_.rms_eps);
     }
   }
 
@@ -947,9 +944,10 @@ inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows,
   c.validate();
   const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
   detail::workspace w;  // counts, allocates nothing
-  const auto work = w.bytes(c, slots, n_prompts,
-                            static_cast<std::int64_t>(path == attention::dense ? width : longest) - 1,
-                            detail::threads_for(n_threads));
+  const auto work =
+      w.bytes(c, slots, n_prompts,
+              static_cast<std::int64_t>(path == attention::dense ? width : longest) - 1,
+              detail::threads_for(n_threads));
   const std::size_t kv = prepack::detail::mul(
       prepack::detail::mul(2 * static_cast<std::size_t>(c.n_layers), slots, "KV cache"),
       static_cast<std::size_t>(c.kv_dim()) * sizeof(float), "KV cache");

@@ -44,8 +44,8 @@ struct config {
   /// Parameters of a model of this shape.
   double n_params() const noexcept {
     const double h = hidden, q = q_dim(), kv = kv_dim(), f = ffn, v = vocab;
-    const double per_layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f +
-                             (qkv_bias ? q + 2 * kv : 0);
+    const double per_layer =
+        2 * h + h * (q + 2 * kv) + q * h + 3 * h * f + (qkv_bias ? q + 2 * kv : 0);
     return (tied_embeddings ? 1 : 2) * v * h + h + n_layers * per_layer;
   }
 
@@ -71,16 +71,16 @@ struct config {
 
 /// One decoder layer's parameters; shapes in [rows][cols].
 struct layer_weights {
-  vector attn_norm;  // [hidden]
-  matrix wq;         // [hidden][n_heads * head_dim]
-  matrix wk;         // [hidden][n_kv_heads * head_dim]
-  matrix wv;         // [hidden][n_kv_heads * head_dim]
-  vector bq, bk, bv; // [q_dim], [kv_dim], [kv_dim]  only with config::qkv_bias
-  matrix wo;         // [n_heads * head_dim][hidden]
-  vector mlp_norm;   // [hidden]
-  matrix w_gate;     // [hidden][ffn]
-  matrix w_up;       // [hidden][ffn]
-  matrix w_down;     // [ffn][hidden]
+  vector attn_norm;   // [hidden]
+  matrix wq;          // [hidden][n_heads * head_dim]
+  matrix wk;          // [hidden][n_kv_heads * head_dim]
+  matrix wv;          // [hidden][n_kv_heads * head_dim]
+  vector bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]  only with config::qkv_bias
+  matrix wo;          // [n_heads * head_dim][hidden]
+  vector mlp_norm;    // [hidden]
+  matrix w_gate;      // [hidden][ffn]
+  matrix w_up;        // [hidden][ffn]
+  matrix w_down;      // [ffn][hidden]
 };
 
 struct weights {
