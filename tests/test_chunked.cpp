@@ -13,6 +13,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -187,6 +188,104 @@ TEST(Chunked, DecodeStepsAreOneTokenChunks) {
       EXPECT_EQ(next, d.tokens[i][5]) << "prompt " << i;
     }
   }
+}
+
+// Random batches with planted shared prefixes (shorter than a block, exactly a block, nested,
+// prompts that are another's prefix, prefixes of one prompt only), prefilled with each shared
+// prefix computed once and the suffixes over it: every prompt's cache, logits and greedy
+// continuation equal prefilling it alone; shared blocks are counted once in the pool.
+TEST(Chunked, SharedPrefixesEqualPrefillingEachPromptAlone) {
+  std::mt19937_64 rng(13);
+  double worst_kv = 0, worst_logits = 0;
+  std::size_t computed = 0, useful = 0, prefixes = 0, nested = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const ref::config c = random_config(rng);
+    const ref::model m(c, rng());
+    // Roots of planted prefixes; prompts are a root (cut, extended, or nested twice) or fresh.
+    std::vector<std::vector<int>> roots;
+    for (int r = 0; r < 2; ++r)
+      roots.push_back(random_prompts(rng, {1 + static_cast<int>(rng() % 50)}, c.vocab)[0]);
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < 3 + static_cast<int>(rng() % 6); ++i) {
+      std::vector<int> p = roots[rng() % roots.size()];
+      const int kind = static_cast<int>(rng() % 5);
+      if (kind == 0) p.resize(1 + rng() % p.size());
+      if (kind == 1 && !prompts.empty()) p = prompts[rng() % prompts.size()];
+      if (kind >= 2) {
+        const auto more = random_prompts(rng, {1 + static_cast<int>(rng() % 30)}, c.vocab)[0];
+        p.insert(p.end(), more.begin(), more.end());
+      }
+      if (kind == 4) p = random_prompts(rng, {1 + static_cast<int>(rng() % 20)}, c.vocab)[0];
+      prompts.push_back(p);
+    }
+    const int new_tokens = 3;
+    auto [alone, alone_logits] = ref::prefill_alone(m, prompts, new_tokens);
+    auto [fresh, fresh_logits] = ref::prefill_alone(m, prompts);
+    const auto want = ref::greedy_decode(m, alone, alone_logits, new_tokens);
+    for (std::size_t bs : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
+      const std::size_t budget = trial % 3 == 0 ? 0 : 1 + rng() % 40;
+      const auto policy = trial % 2 ? prepack::chunking::fill : prepack::chunking::whole_first;
+      auto run = ref::prefill_with_prefixes(m, prompts, {bs, bs, 0}, {budget, policy},
+                                            static_cast<std::size_t>(new_tokens));
+      const std::string where = "trial " + std::to_string(trial) + " block " + std::to_string(bs);
+      const float kv = ref::max_abs_diff(fresh, run.cache);
+      const double lg = (fresh_logits - run.logits).cwiseAbs().maxCoeff();
+      worst_kv = std::max<double>(worst_kv, kv);
+      worst_logits = std::max(worst_logits, lg);
+      ASSERT_LE(kv, 1e-4) << where;
+      ASSERT_LE(lg, 1e-3) << where;
+      // Shared blocks once: the pool holds the prefixes' blocks once and each prompt's own.
+      std::size_t own = 0, shared_blocks = 0;
+      for (const auto& p : run.plan.prefixes) shared_blocks += p.length / bs;
+      for (std::size_t i = 0; i < prompts.size(); ++i) {
+        const auto pre = run.plan.prompt_prefix[i];
+        const std::size_t done =
+            pre ? run.plan.prefixes[*pre].start + run.plan.prefixes[*pre].length : 0;
+        own += prepack::blocks_for(prompts[i].size() + new_tokens - done, bs);
+      }
+      std::set<std::int32_t> distinct;
+      for (const auto& s : run.cache.seqs) distinct.insert(s.blocks.begin(), s.blocks.end());
+      ASSERT_EQ(distinct.size(), shared_blocks + own) << where;
+      const auto got = ref::greedy_decode(m, run.cache, run.logits, new_tokens);
+      expect_same_tokens(want, got, where);
+      computed += run.plan.tokens_computed();
+      useful += run.plan.useful_tokens();
+      prefixes += run.plan.n_prefixes();
+      for (const auto& p : run.plan.prefixes) nested += p.parent.has_value();
+    }
+  }
+  std::printf(
+      "shared prefixes vs alone: max abs diff KV %.3g, logits %.3g; %zu prefixes (%zu "
+      "nested), %zu of %zu tokens computed\n",
+      worst_kv, worst_logits, prefixes, nested, computed, useful);
+  EXPECT_GT(prefixes, 30u);
+  EXPECT_GT(nested, 3u);
+}
+
+// A suffix run before its prefix finds its context uncached: refused, nothing written.
+TEST(ChunkedErrors, ASuffixBeforeItsPrefixIsRefused) {
+  ref::config c;
+  c.vocab = 64;
+  const ref::model m(c, 3);
+  std::vector<int> a(8, 5);
+  std::vector<int> b = a, d = a;
+  b.push_back(1);
+  d.push_back(2);
+  const std::vector<std::vector<int>> prompts{b, d};
+  const auto plan = prepack::make_prefix_plan(prompts, {4, 4, 0});
+  const auto sched = prepack::budgeted_schedule(plan.items, {100, prepack::chunking::fill});
+  prepack::block_allocator alloc(16);
+  const auto t = prepack::allocate_prefix_tables(plan, alloc, 0);
+  ref::kv_pool pool(c, alloc.n_blocks(), 4);
+  const auto items = plan.item_tokens(prompts);
+  const auto suffixes = prepack::make_step_inputs(sched, 1, items, t.items, pool.n_blocks());
+  const auto v = pool.key_view();
+  const std::vector<float> before(v.data, v.data + v.extent[0] * v.stride[0]);
+  EXPECT_PREPACK_ERROR(m.forward(suffixes, pool), "context position 0 is not cached");
+  EXPECT_EQ(std::vector<float>(v.data, v.data + v.extent[0] * v.stride[0]), before);
+  EXPECT_NO_THROW(
+      m.forward(prepack::make_step_inputs(sched, 0, items, t.items, pool.n_blocks()), pool));
+  EXPECT_NO_THROW(m.forward(suffixes, pool));
 }
 
 TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {

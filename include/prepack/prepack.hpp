@@ -1,7 +1,8 @@
 // prepack/prepack.hpp - the whole standard-library-only API: planner, layouts, masks, engine
-// formats, unpacker, budgeted schedules and their step inputs over a paged pool. Synthetic
-// workloads and the prompt-file reader (prepack/workload.hpp) are for demos and benchmarks and are
-// not included here; the reference model (Eigen) is separate: prepack/reference.hpp.
+// formats, unpacker, budgeted schedules and their step inputs over a paged pool, shared prefixes.
+// Synthetic workloads and the prompt-file reader (prepack/workload.hpp) are for demos and
+// benchmarks and are not included here; the reference model (Eigen) is separate:
+// prepack/reference.hpp.
 #pragma once
 
 #include "config.hpp"
@@ -12,6 +13,7 @@
 #include "numeric.hpp"
 #include "paged.hpp"
 #include "plan.hpp"
+#include "prefix.hpp"
 #include "schedule.hpp"
 #include "span.hpp"
 #include "step.hpp"

@@ -10,4 +10,5 @@
 #include "reference/gemm.hpp"
 #include "reference/kv_pool.hpp"
 #include "reference/model.hpp"
+#include "reference/run.hpp"
 #include "reference/weights.hpp"

@@ -255,6 +255,57 @@ inline step_schedule budgeted_schedule(span<const schedule_item> items, const bu
   return out;
 }
 
+/// Checks a schedule's own invariants, as an engine handed one (or one edited by hand) should
+/// before running it: step_begin delimits the chunks, every item is covered by its chunks in
+/// order, each chunk in a later step than the item's previous one, at the context it says, and
+/// an item that follows another starts after that one's last chunk; finish_step agrees.
+/// Throws prepack::error naming the first violation ("prompt 3: chunk in step 1 runs before
+/// item 0 it follows ends in step 2"). O(chunks + items).
+inline void check_schedule(const step_schedule& s) {
+  using detail::require;
+  const std::size_t n = s.n_items();
+  require(
+      !s.step_begin.empty() && s.step_begin.front() == 0 && s.step_begin.back() == s.chunks.size(),
+      "schedule: step_begin does not delimit ", s.chunks.size(), " chunks");
+  require(s.finish_step.size() == n, "schedule: ", s.finish_step.size(), " finish steps for ", n,
+          " items");
+  detail::item_depths(span<const schedule_item>(s.items));  // `after` names other items, no loop
+  std::vector<std::size_t> done(n, 0), last_step(n, 0), first_step(n, 0);
+  std::vector<bool> started(n, false);
+  for (std::size_t st = 0; st < s.n_steps(); ++st) {
+    require(s.step_begin[st] <= s.step_begin[st + 1], "schedule: step ", st, " has negative size");
+    for (const chunk& c : s.step(st)) {
+      require(c.item < n, "schedule: step ", st, ": chunk of item ", c.item, " outside ", n);
+      const schedule_item& it = s.items[c.item];
+      require(c.start == done[c.item] && c.length > 0 && c.length <= it.length - done[c.item],
+              "prompt ", c.item, ": chunk at token ", c.start, " of ", c.length, " tokens in step ",
+              st, " is not its next ", it.length - done[c.item], " tokens from ", done[c.item]);
+      require(!started[c.item] || st > last_step[c.item], "prompt ", c.item,
+              ": two chunks in step ", st, " or out of order");
+      require(c.context == it.context + c.start, "prompt ", c.item, ": chunk context ", c.context,
+              " is not the prompt's context ", it.context, " + its start ", c.start);
+      require(c.last == (c.start + c.length == it.length), "prompt ", c.item, ": chunk in step ",
+              st, " is marked last wrongly");
+      if (!started[c.item]) first_step[c.item] = st;
+      started[c.item] = true;
+      done[c.item] += c.length;
+      last_step[c.item] = st;
+    }
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    require(done[i] == s.items[i].length, "prompt ", i, ": ", done[i], " of ", s.items[i].length,
+            " tokens scheduled");
+    require(s.finish_step[i] == last_step[i], "prompt ", i, ": finish step ", s.finish_step[i],
+            ", its last chunk is in step ", last_step[i]);
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& a = s.items[i].after;
+    if (!a) continue;
+    require(first_step[i] > last_step[*a], "prompt ", i, ": chunk in step ", first_step[i],
+            " runs before item ", *a, " it follows ends in step ", last_step[*a]);
+  }
+}
+
 /// Schedules whole prompts of the given lengths (any integer type): one item per prompt.
 /// Throws as above, and for a negative length.
 template <class Length>

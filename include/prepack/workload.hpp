@@ -106,6 +106,71 @@ inline std::vector<std::vector<int>> generate_prompts(const std::vector<int>& le
   return p;
 }
 
+/// Batches whose prompts share prefixes, token ids included (shared prefixes are in the tokens,
+/// not only in the lengths):
+///  few-shot       subjects of 8 prompts each (MMLU-like): every subject a shared prefix of
+///                 200..400 tokens (its worked examples), every prompt then a question of
+///                 heavy-tailed length (log-normal, median 40, clamped to [8, 240]).
+///  system-prompt  one shared prefix of 300 tokens, then chat-length suffixes (log-normal,
+///                 median 60, clamped to [4, 400]).
+enum class prefix_profile { few_shot, system_prompt };
+
+inline const char* prefix_profile_name(prefix_profile p) {
+  return p == prefix_profile::few_shot ? "few-shot" : "system-prompt";
+}
+
+inline const std::vector<prefix_profile>& all_prefix_profiles() {
+  static const std::vector<prefix_profile> all{prefix_profile::few_shot,
+                                               prefix_profile::system_prompt};
+  return all;
+}
+
+/// The prefix profile of a name, or nothing.
+inline bool parse_prefix_profile(const std::string& name, prefix_profile& out) {
+  for (prefix_profile p : all_prefix_profiles()) {
+    if (name == prefix_profile_name(p)) {
+      out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
+/// n prompts of a prefix profile with token ids in [first, vocab). Deterministic. Throws
+/// prepack::error for n == 0 or vocab <= first.
+inline std::vector<std::vector<int>> generate_prefixed_prompts(prefix_profile p, std::size_t n,
+                                                               int vocab, std::uint64_t seed,
+                                                               int first = 1) {
+  detail::require(n > 0, "workload: 0 prompts");
+  detail::require(vocab > first, "workload: vocab ", vocab);
+  detail::splitmix g(seed ^ 0xC0FFEEull);
+  const auto lognormal = [&](double median, int lo, int hi) {
+    const double v = std::exp(std::log(median) + 1.0 * g.normal());
+    return static_cast<int>(std::lround(std::min<double>(hi, std::max<double>(lo, v))));
+  };
+  const auto tokens = [&](int count) {
+    std::vector<int> t(static_cast<std::size_t>(count));
+    for (int& x : t) x = g.between(first, vocab - 1);
+    return t;
+  };
+  std::vector<std::vector<int>> out;
+  std::vector<int> prefix;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (p == prefix_profile::few_shot) {
+      if (i % 8 == 0) prefix = tokens(g.between(200, 400));  // a new subject
+      out.push_back(prefix);
+      const auto q = tokens(lognormal(40, 8, 240));
+      out.back().insert(out.back().end(), q.begin(), q.end());
+    } else {
+      if (i == 0) prefix = tokens(300);
+      out.push_back(prefix);
+      const auto q = tokens(lognormal(60, 4, 400));
+      out.back().insert(out.back().end(), q.begin(), q.end());
+    }
+  }
+  return out;
+}
+
 /// One non-blank line of a record file.
 struct record {
   std::size_t line = 0;           // 1-based line number in the source
