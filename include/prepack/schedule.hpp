@@ -120,7 +120,7 @@ namespace detail {
 // `from` with room >= k", in O(log n).
 class step_tree {
  public:
-  step_tree(std::size_t max_steps, std::size_t budget) : budget_(budget) {
+  step_tree(std::size_t max_steps, std::size_t budget) {
     while (leaves_ < max_steps) leaves_ *= 2;
     tree_.assign(2 * leaves_, budget);
   }
@@ -146,7 +146,6 @@ class step_tree {
     const std::size_t left = find(2 * node, lo, mid, from, k);
     return left != leaves_ ? left : find(2 * node + 1, mid, hi, from, k);
   }
-  std::size_t budget_;
   std::size_t leaves_ = 1;
   std::vector<std::size_t> tree_;  // [2 * leaves_]  max room below each node
 };

@@ -170,7 +170,10 @@ class thread_scope {
   int n() const noexcept { return n_; }
 
  private:
-  int n_ = 1, saved_eigen_ = 1, saved_omp_ = 1;
+  int n_ = 1, saved_eigen_ = 1;
+#ifdef _OPENMP
+  int saved_omp_ = 1;
+#endif
 };
 
 // The threads a call with `requested` (0: OpenMP's default) would use, without changing any.
@@ -915,6 +918,7 @@ class model {
   }
 
   void row_scales(const detail::workspace::view& h, float* scale, int nt) const {
+    (void)nt;  // only the OpenMP directive reads it
     const Eigen::Index n = h.rows();
     PREPACK_OMP(parallel for num_threads(nt) schedule(static))
     for (Eigen::Index t = 0; t < n; ++t) {
