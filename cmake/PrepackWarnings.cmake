@@ -13,7 +13,7 @@ function(prepack_own_target target)
     # targets that use Eigen through prepack::reference, known once their links are.
     if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_GREATER_EQUAL 12)
       target_compile_options(${target} PRIVATE
-        $<$<IN_LIST:prepack::reference,$<TARGET_PROPERTY:LINK_LIBRARIES>>:-Wno-maybe-uninitialized>)
+        $<$<OR:$<IN_LIST:prepack::reference,$<TARGET_PROPERTY:LINK_LIBRARIES>>,$<IN_LIST:prepack::checkpoint,$<TARGET_PROPERTY:LINK_LIBRARIES>>>:-Wno-maybe-uninitialized>)
     endif()
   endif()
   if(MSVC)

@@ -1,0 +1,436 @@
+// prepack/reference/checkpoint.hpp - real checkpoints into the reference model: a GGUF file
+// (llama.cpp's format; architectures llama and qwen2) or a Hugging Face model directory
+// (config.json + model.safetensors, or shards listed in model.safetensors.index.json;
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM). Tensors are converted to fp32 one at
+// a time from memory-mapped files. Link prepack::checkpoint (nlohmann-json for config.json and
+// safetensors headers).
+//
+// Two conventions differ from the reference model's (Hugging Face's):
+//  - ggml's dimension order: a GGUF tensor {in, out} holds torch's [out][in] rows, transposed
+//    here to the model's [in][out];
+//  - llama.cpp's converter permutes the rows of Q and K of architecture llama so that its
+//    interleaved RoPE computes what rotate-half computes on the original rows; the permutation
+//    is undone here (qwen2 is converted unpermuted: llama.cpp runs its NEOX, rotate-half, RoPE).
+// inspect() reads shapes and types only, so a caller can refuse a model that will not fit before
+// converting anything.
+#pragma once
+
+#include <Eigen/Core>
+#include <cstddef>
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "../error.hpp"
+#include "../gguf.hpp"
+#include "../safetensors.hpp"
+#include "weights.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+namespace reference {
+
+/// A checkpoint's description, from its headers alone.
+struct checkpoint_info {
+  std::string path, name, format, architecture;  // format: "gguf" or "safetensors"
+  config cfg;
+  std::map<std::string, std::size_t> tensor_types;  // type name -> tensors of that type
+  double n_params = 0;                              // parameters in the file
+};
+
+/// A loaded checkpoint: its description and its weights in the model's (semantic) form.
+struct checkpoint {
+  checkpoint_info info;
+  weights w;
+};
+
+namespace detail {
+
+inline bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+inline std::string file_stem(const std::string& path) {
+  std::string s = path;
+  while (!s.empty() && s.back() == '/') s.pop_back();
+  const auto slash = s.find_last_of('/');
+  if (slash != std::string::npos) s = s.substr(slash + 1);
+  const auto dot = s.rfind('.');
+  return dot == std::string::npos || dot == 0 ? s : s.substr(0, dot);
+}
+
+// Undoes llama.cpp's Q/K row permutation on a torch-order [rows][cols] weight (or a bias, cols
+// 1) of n_head heads: file row h*d + 2i + j holds original row h*d + j*(d/2) + i.
+inline std::vector<float> unpermute_rows(const std::vector<float>& w, std::size_t rows,
+                                         std::size_t cols, std::size_t n_head) {
+  const std::size_t d = rows / n_head, half = d / 2;
+  std::vector<float> out(w.size());
+  for (std::size_t h = 0; h < n_head; ++h) {
+    for (std::size_t i = 0; i < half; ++i) {
+      for (std::size_t j = 0; j < 2; ++j) {
+        const std::size_t file = h * d + 2 * i + j, orig = h * d + j * half + i;
+        std::copy(w.begin() + static_cast<std::ptrdiff_t>(file * cols),
+                  w.begin() + static_cast<std::ptrdiff_t>((file + 1) * cols),
+                  out.begin() + static_cast<std::ptrdiff_t>(orig * cols));
+      }
+    }
+    if (d % 2 == 1) {  // an odd head dim's last row stays
+      const std::size_t r = h * d + d - 1;
+      std::copy(w.begin() + static_cast<std::ptrdiff_t>(r * cols),
+                w.begin() + static_cast<std::ptrdiff_t>((r + 1) * cols),
+                out.begin() + static_cast<std::ptrdiff_t>(r * cols));
+    }
+  }
+  return out;
+}
+
+// A torch-order [rows][cols] buffer as the model's [cols][rows] matrix.
+inline matrix transposed(const std::vector<float>& w, std::size_t rows, std::size_t cols) {
+  return Eigen::Map<const matrix>(w.data(), static_cast<Eigen::Index>(rows),
+                                  static_cast<Eigen::Index>(cols))
+      .transpose();
+}
+
+// The tensors of a checkpoint in Hugging Face's naming, whatever its file format: `read` gives
+// a tensor's torch-order shape and fp32 values.
+struct tensor_source {
+  std::string file;  // for messages
+  std::function<bool(const std::string&)> has;
+  std::function<std::vector<std::uint64_t>(const std::string&)> shape;  // torch order
+  std::function<std::vector<float>(const std::string&)> read;
+};
+
+inline void expect_shape(const tensor_source& src, const std::string& name,
+                         const std::vector<std::uint64_t>& want) {
+  prepack::detail::require(src.has(name), src.file, ": tensor ", name, " missing");
+  const auto got = src.shape(name);
+  if (got != want) {
+    std::ostringstream g, w;
+    for (auto d : got) g << (g.tellp() > 0 ? " x " : "") << d;
+    for (auto d : want) w << (w.tellp() > 0 ? " x " : "") << d;
+    prepack::detail::fail(src.file, ": tensor ", name, " is ", g.str(), ", the config says ",
+                          w.str());
+  }
+}
+
+// Builds the weights from Hugging Face-named tensors; permuted: undo llama.cpp's Q/K order.
+inline weights build_weights(const config& c, const tensor_source& src, bool permuted) {
+  const auto u = [](int v) { return static_cast<std::uint64_t>(v); };
+  const std::uint64_t h = u(c.hidden), q = u(c.q_dim()), kv = u(c.kv_dim()), f = u(c.ffn),
+                      v = u(c.vocab);
+  weights w;
+  const auto vec = [&](const std::string& name, std::uint64_t n) {
+    expect_shape(src, name, {n});
+    const auto x = src.read(name);
+    return vector(Eigen::Map<const vector>(x.data(), static_cast<Eigen::Index>(n)));
+  };
+  const auto lin = [&](const std::string& name, std::uint64_t out, std::uint64_t in,
+                       std::size_t heads) {
+    expect_shape(src, name, {out, in});
+    auto x = src.read(name);
+    if (heads > 0) x = unpermute_rows(x, out, in, heads);
+    return transposed(x, out, in);
+  };
+  const auto bias = [&](const std::string& name, std::uint64_t n, std::size_t heads) {
+    expect_shape(src, name, {n});
+    auto x = src.read(name);
+    if (heads > 0) x = unpermute_rows(x, n, 1, heads);
+    return vector(Eigen::Map<const vector>(x.data(), static_cast<Eigen::Index>(n)));
+  };
+  expect_shape(src, "model.embed_tokens.weight", {v, h});
+  {
+    const auto x = src.read("model.embed_tokens.weight");
+    w.embed = Eigen::Map<const matrix>(x.data(), c.vocab, c.hidden);
+  }
+  const std::size_t qh = permuted ? static_cast<std::size_t>(c.n_heads) : 0;
+  const std::size_t kh = permuted ? static_cast<std::size_t>(c.n_kv_heads) : 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    layer_weights lw;
+    lw.attn_norm = vec(p + "input_layernorm.weight", h);
+    lw.wq = lin(p + "self_attn.q_proj.weight", q, h, qh);
+    lw.wk = lin(p + "self_attn.k_proj.weight", kv, h, kh);
+    lw.wv = lin(p + "self_attn.v_proj.weight", kv, h, 0);
+    if (c.qkv_bias) {
+      lw.bq = bias(p + "self_attn.q_proj.bias", q, qh);
+      lw.bk = bias(p + "self_attn.k_proj.bias", kv, kh);
+      lw.bv = bias(p + "self_attn.v_proj.bias", kv, 0);
+    }
+    lw.wo = lin(p + "self_attn.o_proj.weight", h, q, 0);
+    lw.mlp_norm = vec(p + "post_attention_layernorm.weight", h);
+    lw.w_gate = lin(p + "mlp.gate_proj.weight", f, h, 0);
+    lw.w_up = lin(p + "mlp.up_proj.weight", f, h, 0);
+    lw.w_down = lin(p + "mlp.down_proj.weight", h, f, 0);
+    w.layers.push_back(std::move(lw));
+  }
+  w.final_norm = vec("model.norm.weight", h);
+  if (!c.tied_embeddings) w.lm_head = lin("lm_head.weight", v, h, 0);
+  return w;
+}
+
+// GGUF tensor names (and ggml shapes) in Hugging Face's names and torch order.
+inline std::string gguf_name(const std::string& hf) {
+  static const std::map<std::string, std::string> top{
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"}};
+  if (const auto it = top.find(hf); it != top.end()) return it->second;
+  static const std::map<std::string, std::string> per{
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"}};
+  const std::string prefix = "model.layers.";
+  if (hf.rfind(prefix, 0) == 0) {
+    const auto dot = hf.find('.', prefix.size());
+    const std::string layer = hf.substr(prefix.size(), dot - prefix.size());
+    if (const auto it = per.find(hf.substr(dot + 1)); it != per.end()) {
+      return "blk." + layer + "." + it->second;
+    }
+  }
+  return hf;
+}
+
+struct gguf_source {
+  std::shared_ptr<mapped_file> file;
+  std::shared_ptr<gguf_file> gguf;
+};
+
+inline tensor_source gguf_tensors(const gguf_source& g) {
+  tensor_source s;
+  s.file = g.file->path();
+  s.has = [g](const std::string& hf) { return g.gguf->find(gguf_name(hf)) != nullptr; };
+  s.shape = [g](const std::string& hf) {
+    const gguf_tensor* t = g.gguf->find(gguf_name(hf));
+    return std::vector<std::uint64_t>(t->dims.rbegin(), t->dims.rend());  // ggml -> torch order
+  };
+  s.read = [g](const std::string& hf) {
+    const gguf_tensor* t = g.gguf->find(gguf_name(hf));
+    std::vector<float> x(static_cast<std::size_t>(t->elements()));
+    g.gguf->read(*t, span<float>(x));
+    return x;
+  };
+  return s;
+}
+
+// Reads a GGUF file's header and its config; `src` keeps the mapping for the weights.
+inline checkpoint_info inspect_gguf(const std::string& path, gguf_source& src) {
+  using prepack::detail::require;
+  src.file = std::make_shared<mapped_file>(path);
+  src.gguf = std::make_shared<gguf_file>(src.file->bytes(), path);
+  const gguf_file& g = *src.gguf;
+  checkpoint_info info;
+  info.path = path;
+  info.format = "gguf";
+  info.architecture = g.text("general.architecture");
+  const std::string& a = info.architecture;
+  require(a == "llama" || a == "qwen2", path, ": architecture ", a,
+          " is not supported (llama, qwen2)");
+  info.name = g.has("general.name") ? g.text("general.name") : file_stem(path);
+  config& c = info.cfg;
+  const auto int_of = [&](const std::string& key) {
+    const long long v = g.integer(a + "." + key);
+    require(v > 0 && v < (1ll << 31), path, ": metadata ", a, ".", key, " = ", v);
+    return static_cast<int>(v);
+  };
+  c.hidden = int_of("embedding_length");
+  c.n_layers = int_of("block_count");
+  c.n_heads = int_of("attention.head_count");
+  c.n_kv_heads =
+      g.has(a + ".attention.head_count_kv") ? int_of("attention.head_count_kv") : c.n_heads;
+  c.ffn = int_of("feed_forward_length");
+  c.head_dim = g.has(a + ".attention.key_length") ? int_of("attention.key_length") : 0;
+  c.rope_theta = g.has(a + ".rope.freq_base") ? g.real(a + ".rope.freq_base") : 10000.0;
+  c.rms_eps = static_cast<float>(g.real(a + ".attention.layer_norm_rms_epsilon"));
+  const gguf_tensor* embd = g.find("token_embd.weight");
+  require(embd != nullptr, path, ": tensor token_embd.weight missing");
+  require(embd->dims.size() == 2 && embd->dims[1] < (1ull << 31), path,
+          ": tensor token_embd.weight has ", embd->dims.size(), " dimensions");
+  c.vocab = static_cast<int>(embd->dims[1]);
+  if (g.has(a + ".vocab_size")) {
+    require(g.integer(a + ".vocab_size") == c.vocab, path, ": metadata ", a, ".vocab_size ",
+            g.integer(a + ".vocab_size"), " disagrees with token_embd.weight's ", c.vocab, " rows");
+  }
+  c.tied_embeddings = g.find("output.weight") == nullptr;
+  c.qkv_bias = g.find("blk.0.attn_q.bias") != nullptr;
+  c.validate();
+  if (g.has(a + ".rope.dimension_count")) {
+    require(g.integer(a + ".rope.dimension_count") == c.head_size(), path,
+            ": rope.dimension_count ", g.integer(a + ".rope.dimension_count"),
+            " is not the head dim ", c.head_size(), " (partial rotary is not supported)");
+  }
+  require(g.find("rope_freqs.weight") == nullptr, path,
+          ": rope_freqs.weight (scaled RoPE) is not supported");
+  require(c.n_layers <= 4096 && c.hidden <= (1 << 20), path, ": absurd shape");
+  for (const gguf_tensor& t : g.tensors()) {
+    ++info.tensor_types[ggml_type_name(t.type)];
+    info.n_params += static_cast<double>(t.elements());
+  }
+  return info;
+}
+
+struct safetensors_source {
+  std::vector<std::shared_ptr<mapped_file>> files;
+  std::vector<std::shared_ptr<safetensors_file>> parsed;
+  std::map<std::string, std::size_t> where;  // tensor -> parsed file
+};
+
+inline tensor_source safetensors_tensors(const std::shared_ptr<safetensors_source>& st,
+                                         const std::string& dir) {
+  tensor_source s;
+  s.file = dir;
+  s.has = [st](const std::string& n) { return st->where.count(n) != 0; };
+  s.shape = [st](const std::string& n) { return st->parsed[st->where.at(n)]->find(n)->shape; };
+  s.read = [st](const std::string& n) {
+    const safetensors_file& f = *st->parsed[st->where.at(n)];
+    const safetensors_tensor* t = f.find(n);
+    std::vector<float> x(static_cast<std::size_t>(t->elements()));
+    f.read(*t, span<float>(x));
+    return x;
+  };
+  return s;
+}
+
+inline nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  prepack::detail::require(static_cast<bool>(in), path, ": cannot open");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    prepack::detail::fail(path, ": not JSON (", e.what(), ")");
+  }
+}
+
+inline checkpoint_info inspect_safetensors(const std::string& dir, safetensors_source& src) {
+  using prepack::detail::require;
+  const std::string cfg_path = dir + "/config.json";
+  const nlohmann::json j = read_json(cfg_path);
+  require(j.is_object(), cfg_path, ": not a JSON object");
+  checkpoint_info info;
+  info.path = dir;
+  info.format = "safetensors";
+  info.name = file_stem(dir);
+  std::string arch = j.contains("architectures") && j["architectures"].is_array() &&
+                             !j["architectures"].empty() && j["architectures"][0].is_string()
+                         ? j["architectures"][0].get<std::string>()
+                         : "";
+  require(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM",
+          cfg_path, ": architecture '", arch,
+          "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+  info.architecture = arch;
+  const auto num = [&](const char* key, bool required, double fallback) {
+    if (!j.contains(key) || j[key].is_null()) {
+      require(!required, cfg_path, ": ", key, " missing");
+      return fallback;
+    }
+    require(j[key].is_number(), cfg_path, ": ", key, " is not a number");
+    return j[key].get<double>();
+  };
+  const auto count = [&](const char* key, bool required, double fallback) {
+    const double v = num(key, required, fallback);
+    require(v >= 0 && v < 2147483648.0 && v == static_cast<double>(static_cast<long long>(v)),
+            cfg_path, ": ", key, " = ", v);
+    return static_cast<int>(v);
+  };
+  config& c = info.cfg;
+  c.hidden = count("hidden_size", true, 0);
+  c.n_layers = count("num_hidden_layers", true, 0);
+  c.n_heads = count("num_attention_heads", true, 0);
+  c.n_kv_heads = count("num_key_value_heads", false, c.n_heads);
+  c.ffn = count("intermediate_size", true, 0);
+  c.vocab = count("vocab_size", true, 0);
+  c.head_dim = count("head_dim", false, 0);
+  c.rope_theta = num("rope_theta", false, 10000.0);
+  c.rms_eps = static_cast<float>(num("rms_norm_eps", false, 1e-6));
+  c.tied_embeddings = j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean() &&
+                      j["tie_word_embeddings"].get<bool>();
+  c.qkv_bias = arch == "Qwen2ForCausalLM" ||
+               (j.contains("attention_bias") && j["attention_bias"].is_boolean() &&
+                j["attention_bias"].get<bool>());
+  require(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), cfg_path,
+          ": rope_scaling is not supported");
+  c.validate();
+  // The weight files: one, or the shards an index lists.
+  std::vector<std::string> files;
+  std::ifstream single(dir + "/model.safetensors");
+  if (single) {
+    files.push_back(dir + "/model.safetensors");
+  } else {
+    const std::string idx = dir + "/model.safetensors.index.json";
+    const nlohmann::json index = read_json(idx);
+    require(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+            idx, ": no weight_map");
+    std::set<std::string> shards;
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      require(file.is_string(), idx, ": weight_map entry ", name, " is not a file name");
+      const std::string f = file.get<std::string>();
+      require(f.find('/') == std::string::npos && f.find("..") == std::string::npos, idx,
+              ": shard '", f, "' is not a file of the directory");
+      shards.insert(f);
+    }
+    for (const auto& f : shards) files.push_back(dir + "/" + f);
+  }
+  for (const auto& f : files) {
+    src.files.push_back(std::make_shared<mapped_file>(f));
+    src.parsed.push_back(std::make_shared<safetensors_file>(src.files.back()->bytes(), f));
+    for (const auto& t : src.parsed.back()->tensors()) {
+      require(src.where.count(t.name) == 0, f, ": tensor ", t.name, " is also in another shard");
+      src.where[t.name] = src.parsed.size() - 1;
+      ++info.tensor_types[t.dtype];
+      info.n_params += static_cast<double>(t.elements());
+    }
+  }
+  return info;
+}
+
+}  // namespace detail
+
+/// The description of a checkpoint (a .gguf file, or a Hugging Face model directory) from its
+/// headers, without converting a weight. Throws prepack::error naming the file and item.
+inline checkpoint_info inspect_checkpoint(const std::string& path) {
+  if (detail::ends_with(path, ".gguf")) {
+    detail::gguf_source src;
+    return detail::inspect_gguf(path, src);
+  }
+  detail::safetensors_source src;
+  return detail::inspect_safetensors(path, src);
+}
+
+/// Loads a checkpoint: its description and fp32 weights in the model's form (Q/K rows of a
+/// llama GGUF unpermuted). Throws prepack::error naming the file and the item for anything the
+/// parsers refuse, an unsupported architecture, a missing tensor, or a shape that disagrees
+/// with the config.
+inline checkpoint load_checkpoint(const std::string& path) {
+  checkpoint out;
+  if (detail::ends_with(path, ".gguf")) {
+    detail::gguf_source src;
+    out.info = detail::inspect_gguf(path, src);
+    out.w = detail::build_weights(out.info.cfg, detail::gguf_tensors(src),
+                                  out.info.architecture == "llama");
+  } else {
+    auto src = std::make_shared<detail::safetensors_source>();
+    out.info = detail::inspect_safetensors(path, *src);
+    out.w = detail::build_weights(out.info.cfg, detail::safetensors_tensors(src, path), false);
+  }
+  check_weights(out.info.cfg, out.w);
+  return out;
+}
+
+}  // namespace reference
+PREPACK_NAMESPACE_END
