@@ -34,6 +34,8 @@
 //   --quick             batch sizes 8 and 32, the small model only, no kernel family
 //   --smoke             a tiny model and dataset: checks results, for the test suite
 //   --kernel            the kernel family only
+//   --model=PATH        a real checkpoint (.gguf file or Hugging Face directory) instead of the
+//                       seeded models, for the prefill and the kernel families
 //   --lengths=FILE      add a workload "file" from prompt lengths in FILE
 //   --report_dir=DIR    write results.csv, results.md and the chart data there
 //   --dataset=N         prompts per dataset (default 64)
@@ -59,6 +61,9 @@
 #include "prepack/reference.hpp"
 #include "prepack/workload.hpp"
 #include "report.hpp"
+#ifdef PREPACK_BENCH_CHECKPOINTS
+#include "prepack/reference/checkpoint.hpp"
+#endif
 
 namespace ref = prepack::reference;
 
@@ -66,7 +71,7 @@ namespace {
 
 struct options {
   bool quick = false, smoke = false, kernel_only = false;
-  std::string lengths_file, report_dir;
+  std::string lengths_file, report_dir, model_path;
   std::size_t dataset = 64;
   int max_len = 512;
   int min_passes = 3;        // dataset passes per benchmark, at least
@@ -81,7 +86,17 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 struct model_spec {
   std::string name;
   ref::config cfg;
+  std::string path;  // a checkpoint to load, or seeded weights
 };
+
+std::unique_ptr<ref::model> build(const model_spec& ms, ref::model_options opt = {}) {
+#ifdef PREPACK_BENCH_CHECKPOINTS
+  if (!ms.path.empty()) {
+    return std::make_unique<ref::model>(ms.cfg, ref::load_checkpoint(ms.path).w, opt);
+  }
+#endif
+  return std::make_unique<ref::model>(ms.cfg, 7, opt);
+}
 
 ref::config make_config(int vocab, int hidden, int layers, int heads, int kv_heads, int head_dim,
                         int ffn) {
@@ -96,18 +111,29 @@ ref::config make_config(int vocab, int hidden, int layers, int heads, int kv_hea
   return c;
 }
 
+model_spec checkpoint_spec() {
+#ifdef PREPACK_BENCH_CHECKPOINTS
+  const ref::checkpoint_info info = ref::inspect_checkpoint(g_opt.model_path);
+  return {info.name, info.cfg, g_opt.model_path};
+#else
+  throw prepack::error("--model: this build has no checkpoint loader (needs nlohmann-json)");
+#endif
+}
+
 std::vector<model_spec> models() {
-  const model_spec tiny{"tiny", make_config(256, 32, 1, 4, 2, 8, 64)};
-  const model_spec small{"small", make_config(4096, 256, 4, 8, 2, 32, 688)};
-  const model_spec medium{"medium", make_config(8192, 512, 4, 8, 2, 64, 1376)};
+  if (!g_opt.model_path.empty()) return {checkpoint_spec()};
+  const model_spec tiny{"tiny", make_config(256, 32, 1, 4, 2, 8, 64), ""};
+  const model_spec small{"small", make_config(4096, 256, 4, 8, 2, 32, 688), ""};
+  const model_spec medium{"medium", make_config(8192, 512, 4, 8, 2, 64, 1376), ""};
   if (g_opt.smoke) return {tiny};
   if (g_opt.quick) return {small};
   return {small, medium};
 }
 
 model_spec large_model() {
-  if (g_opt.smoke) return {"tiny", make_config(256, 32, 1, 4, 2, 8, 64)};
-  return {"large", make_config(32000, 1024, 8, 16, 4, 64, 2816)};
+  if (!g_opt.model_path.empty()) return checkpoint_spec();
+  if (g_opt.smoke) return {"tiny", make_config(256, 32, 1, 4, 2, 8, 64), ""};
+  return {"large", make_config(32000, 1024, 8, 16, 4, 64, 2816), ""};
 }
 
 enum class kind {
@@ -395,7 +421,7 @@ void register_prefill() {
                                                ? std::vector<std::size_t>{8, 32}
                                                : std::vector<std::size_t>{4, 8, 16, 32, 64};
   for (const model_spec& ms : models()) {
-    keep.push_back(std::make_unique<ref::model>(ms.cfg, 7));
+    keep.push_back(build(ms));
     const ref::model* m = keep.back().get();
     for (const workload& w0 : workloads(ms.cfg.vocab)) {
       auto w = std::make_shared<workload>(w0);
@@ -481,7 +507,7 @@ void register_kernel() {
   std::vector<ref::gemm_backend> backends{ref::gemm_backend::eigen};
   if (ref::onednn_available()) backends.push_back(ref::gemm_backend::onednn);
   for (ref::weight_type wt : {ref::weight_type::f32, ref::weight_type::bf16}) {
-    keep.push_back(std::make_unique<ref::model>(ms.cfg, 11, ref::model_options{wt}));
+    keep.push_back(build(ms, ref::model_options{wt}));
     const ref::model* m = keep.back().get();
     for (const case_t& cs : cases) {
       auto prompts = std::make_shared<std::vector<std::vector<int>>>(
@@ -594,6 +620,8 @@ int main(int argc, char** argv) {
         g_opt.smoke = true;
       else if (take_flag(argv[i], "--kernel", nullptr))
         g_opt.kernel_only = true;
+      else if (take_flag(argv[i], "--model", &v))
+        g_opt.model_path = v;
       else if (take_flag(argv[i], "--lengths", &v))
         g_opt.lengths_file = v;
       else if (take_flag(argv[i], "--report_dir", &v))

@@ -24,6 +24,9 @@
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
 #include "prepack/workload.hpp"
+#ifdef PREPACK_DEMO_CHECKPOINTS
+#include "prepack/reference/checkpoint.hpp"
+#endif
 
 namespace ref = prepack::reference;
 
@@ -42,6 +45,11 @@ Model (default: Llama-style, vocab 4096, hidden 256, 4 layers, 8 heads, 2 kv hea
        head dim 32, ffn 688, rope theta 10000):
   --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
   --rope-theta X
+  --model PATH        a real checkpoint instead: a .gguf file (llama, qwen2) or a Hugging Face
+                      model directory (config.json + safetensors); the workload's token ids
+                      are drawn from its vocabulary
+  --bf16              hold the projection weights in bf16 (activations rounded to bf16,
+                      products accumulated in fp32)
   --backend auto|eigen|onednn
                       the GEMM library (default auto: oneDNN when the build has it)
 Method:
@@ -66,6 +74,8 @@ Method:
   --repeat N          time each method N times, report the fastest (default 1)
 Output:
   --json              one JSON object on stdout instead of the report
+  --logits FILE       write each prompt's last-token logits of the prepacked prefill, raw
+                      float32 [n_prompts][vocab] in prompt order
 Exit codes: 0 ok; 1 a method's results disagree with prefilling alone; 2 bad flags or input.
 )";
 
@@ -179,22 +189,53 @@ int demo(int argc, char** argv) {
       {"--prompts",    "--profile",  "--batch",  "--max-len",   "--seed",       "--vocab",
        "--hidden",     "--layers",   "--heads",  "--kv-heads",  "--head-dim",   "--ffn",
        "--rope-theta", "--capacity", "--packer", "--attention", "--threads",    "--new-tokens",
-       "--repeat",     "--max-pad",  "--budget", "--policy",    "--block-size", "--backend"},
-      {"--json", "--help", "--prefix"});
+       "--repeat",     "--max-pad",  "--budget", "--policy",    "--block-size", "--backend",
+       "--model",      "--logits"},
+      {"--json", "--help", "--prefix", "--bf16"});
   if (a.has("--help")) {
     std::cout << kHelp;
     return 0;
   }
   ref::config c;
-  c.vocab = static_cast<int>(a.integer("--vocab", 4096, 2, 1 << 20));
-  c.hidden = static_cast<int>(a.integer("--hidden", 256, 1, 1 << 14));
-  c.n_layers = static_cast<int>(a.integer("--layers", 4, 1, 256));
-  c.n_heads = static_cast<int>(a.integer("--heads", 8, 1, 1024));
-  c.n_kv_heads = static_cast<int>(a.integer("--kv-heads", 2, 1, 1024));
-  c.head_dim = static_cast<int>(a.integer("--head-dim", 32, 0, 1024));
-  c.ffn = static_cast<int>(a.integer("--ffn", 688, 1, 1 << 16));
-  c.rope_theta = a.real("--rope-theta", 10000.0, 1.0001, 1e12);
+  std::string model_line;  // what the report says of a loaded checkpoint
+  std::string model_json;  // and the JSON
+  const std::string model_path = a.str("--model", "");
+  if (!model_path.empty()) {
+#ifdef PREPACK_DEMO_CHECKPOINTS
+    for (const char* flag : {"--vocab", "--hidden", "--layers", "--heads", "--kv-heads",
+                             "--head-dim", "--ffn", "--rope-theta"}) {
+      if (a.has(flag))
+        throw cli::usage_error(std::string(flag) + " cannot be combined with --model");
+    }
+    const ref::checkpoint_info info = ref::inspect_checkpoint(model_path);
+    c = info.cfg;
+    std::string types;
+    for (const auto& [t, n] : info.tensor_types) {
+      types += (types.empty() ? "" : ", ") + t + " x " + std::to_string(n);
+    }
+    char line[512];
+    std::snprintf(line, sizeof line, "%s (%s, %s), %.1fM parameters; tensors %s", info.name.c_str(),
+                  info.architecture.c_str(), info.format.c_str(), info.n_params / 1e6,
+                  types.c_str());
+    model_line = line;
+    model_json = "\"name\": \"" + info.name + "\", \"architecture\": \"" + info.architecture +
+                 "\", \"format\": \"" + info.format +
+                 "\", \"params\": " + std::to_string(static_cast<long long>(info.n_params)) + ", ";
+#else
+    throw cli::usage_error("--model: this build has no checkpoint loader (needs nlohmann-json)");
+#endif
+  } else {
+    c.vocab = static_cast<int>(a.integer("--vocab", 4096, 2, 1 << 20));
+    c.hidden = static_cast<int>(a.integer("--hidden", 256, 1, 1 << 14));
+    c.n_layers = static_cast<int>(a.integer("--layers", 4, 1, 256));
+    c.n_heads = static_cast<int>(a.integer("--heads", 8, 1, 1024));
+    c.n_kv_heads = static_cast<int>(a.integer("--kv-heads", 2, 1, 1024));
+    c.head_dim = static_cast<int>(a.integer("--head-dim", 32, 0, 1024));
+    c.ffn = static_cast<int>(a.integer("--ffn", 688, 1, 1 << 16));
+    c.rope_theta = a.real("--rope-theta", 10000.0, 1.0001, 1e12);
+  }
   c.validate();
+  const ref::model_options mopt{a.has("--bf16") ? ref::weight_type::bf16 : ref::weight_type::f32};
   const auto seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, (1ll << 62)));
   const bool json = a.has("--json");
   const int threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
@@ -292,7 +333,12 @@ int demo(int argc, char** argv) {
                            " of memory here; use fewer or shorter prompts or a smaller model");
   }
   if (prompts.empty()) prompts = prepack::generate_prompts(len, c.vocab, seed);
-  const ref::model m(c, seed);
+#ifdef PREPACK_DEMO_CHECKPOINTS
+  const ref::model m = model_path.empty() ? ref::model(c, seed, mopt)
+                                          : ref::model(c, ref::load_checkpoint(model_path).w, mopt);
+#else
+  const ref::model m(c, seed, mopt);
+#endif
   const ref::exec_options exec{threads, backend};
 
   std::vector<outcome> methods;
@@ -331,6 +377,17 @@ int demo(int argc, char** argv) {
     decoded.push_back(ref::greedy_decode(m, o.cache, o.logits, new_tokens, exec));
     o.tokens_match = decoded.back().tokens == want.tokens;
     agree = agree && o.tokens_match && o.max_kv <= 1e-3f && o.max_logits <= 1e-3f;
+  }
+  if (a.has("--logits")) {
+    const std::string file = a.str("--logits", "");
+    std::ofstream out(file, std::ios::binary);
+    if (!out) throw cli::usage_error("cannot write '" + file + "'");
+    const ref::matrix& lg = methods[1].logits;  // the prepacked prefill's, prompt order
+    for (Eigen::Index i = 0; i < lg.rows(); ++i) {
+      out.write(reinterpret_cast<const char*>(lg.row(i).data()),
+                static_cast<std::streamsize>(sizeof(float) * static_cast<std::size_t>(lg.cols())));
+    }
+    if (!out) throw cli::usage_error("cannot write '" + file + "'");
   }
   const outcome& padded = methods[0];
   const outcome& packed = methods[1];
@@ -382,12 +439,14 @@ int demo(int argc, char** argv) {
     }
     std::snprintf(buf, sizeof buf,
                   "}, \"max_abs_diff_kv\": %.3g, \"max_abs_diff_logits\": %.3g, "
-                  "\"greedy_tokens_match\": %s, \"model\": {\"vocab\": %d, \"hidden\": %d, "
+                  "\"greedy_tokens_match\": %s, \"model\": {%s\"weights\": \"%s\", \"vocab\": %d, "
+                  "\"hidden\": %d, "
                   "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, "
                   "\"rope_theta\": %g}}\n",
                   static_cast<double>(max_kv), static_cast<double>(max_lg),
-                  agree ? "true" : "false", c.vocab, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads,
-                  c.head_size(), c.ffn, c.rope_theta);
+                  agree ? "true" : "false", model_json.c_str(), ref::weight_type_name(mopt.weights),
+                  c.vocab, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn,
+                  c.rope_theta);
     js << buf;
     std::fputs(js.str().c_str(), stdout);
     return agree ? 0 : 1;
@@ -395,11 +454,12 @@ int demo(int argc, char** argv) {
 
   std::printf("prepack demo: %zu prompts (%s), lengths %d..%d, %zu tokens\n", len.size(),
               workload.c_str(), *std::min_element(len.begin(), len.end()), longest, useful);
+  if (!model_line.empty()) std::printf("checkpoint: %s\n", model_line.c_str());
   std::printf(
-      "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %d threads, "
-      "%s GEMMs\n\n",
-      c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab, n_threads,
-      ref::backend_name(backend));
+      "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %s weights; "
+      "%d threads, %s GEMMs\n\n",
+      c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab,
+      ref::weight_type_name(mopt.weights), n_threads, ref::backend_name(backend));
   std::printf("plan (%s, capacity %d%s): %zu rows, %zu slots, fill %.1f%%\n",
               bfd ? "best-fit" : "first-fit", plan.capacity,
               fit ? (" fitted to --max-pad " + a.str("--max-pad", "")).c_str() : "", plan.n_rows(),

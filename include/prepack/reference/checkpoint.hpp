@@ -277,6 +277,10 @@ inline checkpoint_info inspect_gguf(const std::string& path, gguf_source& src) {
   }
   require(g.find("rope_freqs.weight") == nullptr, path,
           ": rope_freqs.weight (scaled RoPE) is not supported");
+  if (g.has(a + ".rope.scaling.type")) {
+    const std::string& t = g.text(a + ".rope.scaling.type");
+    require(t == "none", path, ": rope.scaling.type ", t, " is not supported");
+  }
   require(c.n_layers <= 4096 && c.hidden <= (1 << 20), path, ": absurd shape");
   for (const gguf_tensor& t : g.tensors()) {
     ++info.tensor_types[ggml_type_name(t.type)];
