@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,11 +44,21 @@ constexpr bool onednn_available() noexcept {
 #endif
 }
 
-/// The backend `b` resolves to in this build. Throws prepack::error for onednn in a build
-/// without it.
+/// The backend `b` resolves to in this build: `automatic` is the environment's
+/// PREPACK_GEMM_BACKEND (eigen or onednn) when set, else oneDNN when the build has it, else
+/// Eigen. Throws prepack::error for onednn in a build without it, or an unknown name in the
+/// environment.
 inline gemm_backend resolve(gemm_backend b) {
-  if (b == gemm_backend::automatic)
-    return onednn_available() ? gemm_backend::onednn : gemm_backend::eigen;
+  if (b == gemm_backend::automatic) {
+    const char* env = std::getenv("PREPACK_GEMM_BACKEND");
+    if (env == nullptr || *env == '\0') {
+      return onednn_available() ? gemm_backend::onednn : gemm_backend::eigen;
+    }
+    const std::string name = env;
+    prepack::detail::require(name == "eigen" || name == "onednn", "PREPACK_GEMM_BACKEND '", name,
+                             "' (eigen or onednn)");
+    b = name == "eigen" ? gemm_backend::eigen : gemm_backend::onednn;
+  }
   prepack::detail::require(b != gemm_backend::onednn || onednn_available(),
                            "gemm backend onednn: this build has no oneDNN (configure with "
                            "libdnnl-dev installed, under GCC's OpenMP)");
@@ -57,7 +68,7 @@ inline gemm_backend resolve(gemm_backend b) {
 inline const char* backend_name(gemm_backend b) {
   switch (b) {
     case gemm_backend::automatic:
-      return onednn_available() ? "onednn" : "eigen";
+      return backend_name(resolve(b));
     case gemm_backend::eigen:
       return "eigen";
     case gemm_backend::onednn:
