@@ -41,7 +41,7 @@
 //   --dataset=N         prompts per dataset (default 64)
 //   --max_len=N         workload length scale (default 512)
 // Exit code 1 when any method's logits differ from prefilling each prompt alone (> 1e-3; for
-// bf16 weights, against the same bf16 model prefilled alone).
+// bf16 weights, against the same bf16 model prefilled alone, > 0.5% of the logits' scale).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -444,7 +444,9 @@ void register_prefill() {
                   state.SetIterationTime(best);
                 }
                 if (worst_diff > 1e-3) {
-                  state.SkipWithError("logits differ from prefilling each prompt alone");
+                  const std::string why = "logits differ from prefilling each prompt alone by " +
+                                          std::to_string(worst_diff);
+                  state.SkipWithError(why.c_str());
                   return;
                 }
                 // Padding runs first in each (model, workload, batch) group; the others divide.
@@ -548,8 +550,16 @@ void register_kernel() {
                     worst_diff);
                 state.SetIterationTime(best);
               }
-              if (worst_diff > 1e-3) {
-                state.SkipWithError("logits differ from prefilling each prompt alone");
+              // bf16 activations: a rounding an fp32 accumulation order flips moves logits by
+              // bf16's step; the bound is 0.5% of the logits' scale (fp32: 1e-3).
+              const double bound =
+                  wt == ref::weight_type::bf16
+                      ? 5e-3 * std::max(1.0, static_cast<double>(alone->cwiseAbs().maxCoeff()))
+                      : 1e-3;
+              if (worst_diff > bound) {
+                const std::string why = "logits differ from prefilling each prompt alone by " +
+                                        std::to_string(worst_diff);
+                state.SkipWithError(why.c_str());
                 return;
               }
               report::kernel_row row;

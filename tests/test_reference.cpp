@@ -164,6 +164,45 @@ TEST(Reference, BackendsAgree) {
   EXPECT_LE(worst, kTolerance);
 }
 
+// bf16 projection weights (activations rounded to bf16, fp32 accumulation): prepacked and
+// alone compute the same bf16 model, up to the bf16 rounding that an fp32 accumulation-order
+// difference can flip (bound: 0.5% of the logits' scale, 1% of the values' for KV); how far bf16
+// moves logits from fp32 is printed and bounded (2%).
+TEST(Reference, Bf16WeightsAgreeWithAloneWithinTheirBound) {
+  for (ref::gemm_backend be : backends()) {
+    std::mt19937_64 rng(8);
+    double worst_packed = 0, worst_kv = 0, worst_f32 = 0, scale = 0;
+    for (int trial = 0; trial < 6; ++trial) {
+      const ref::config c = random_config(rng);
+      const std::uint64_t seed = rng();
+      const ref::model f32(c, seed), bf16(c, seed, {ref::weight_type::bf16});
+      EXPECT_EQ(bf16.weights_type(), ref::weight_type::bf16);
+      const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
+      const auto l =
+          prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts);
+      const auto [alone, alone_logits] =
+          ref::prefill_alone(bf16, prompts, 0, {ref::attention::segment, 0, be});
+      const auto r = bf16.prefill(l, {ref::attention::segment, 0, be});
+      const auto rf = f32.prefill(l, {ref::attention::segment, 0, be});
+      const double s = std::max(1.0, static_cast<double>(rf.logits.cwiseAbs().maxCoeff()));
+      scale = std::max(scale, s);
+      worst_packed =
+          std::max<double>(worst_packed, (r.logits - alone_logits).cwiseAbs().maxCoeff() / s);
+      worst_kv =
+          std::max<double>(worst_kv, ref::max_abs_diff(alone, ref::unpack_caches(bf16, l, r)));
+      worst_f32 = std::max<double>(worst_f32, (r.logits - rf.logits).cwiseAbs().maxCoeff() / s);
+    }
+    std::printf(
+        "[%s] bf16 weights: prepacked vs alone %.3g of the logits' scale, KV %.3g; bf16 vs "
+        "fp32 %.3g of the logits' scale (up to %.3g)\n",
+        ref::backend_name(be), worst_packed, worst_kv, worst_f32, scale);
+    EXPECT_LE(worst_packed, 5e-3) << ref::backend_name(be);
+    EXPECT_LE(worst_kv, 1e-2) << ref::backend_name(be);
+    EXPECT_LE(worst_f32, 2e-2) << ref::backend_name(be);
+    EXPECT_GT(worst_f32, 1e-5) << "bf16 weights computed exactly the fp32 model?";
+  }
+}
+
 TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
   std::mt19937_64 rng(3);
   const ref::config c = random_config(rng);
