@@ -168,11 +168,20 @@ class first_fit_tree {
     for (std::size_t i = 0; i < n; ++i) tree_[leaves_ + i] = capacity;
     for (std::size_t i = leaves_; i-- > 1;) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
   }
-  // Lowest row whose free space is >= k; the caller guarantees one exists.
-  std::size_t find(Length k) const {
+  // Lowest row whose free space is >= k; the caller guarantees one exists. `passed`, when
+  // given, receives the largest free space of the rows before it (those k did not fit), or
+  // stays untouched when there are none.
+  std::size_t find(Length k, std::optional<Length>* passed = nullptr) const {
     PREPACK_ASSERT(tree_[1] >= k);
     std::size_t i = 1;
-    while (i < leaves_) i = tree_[2 * i] >= k ? 2 * i : 2 * i + 1;
+    while (i < leaves_) {
+      if (tree_[2 * i] >= k) {
+        i = 2 * i;
+      } else {
+        if (passed != nullptr && (!*passed || tree_[2 * i] > **passed)) *passed = tree_[2 * i];
+        i = 2 * i + 1;
+      }
+    }
     return i - leaves_;
   }
   Length free(std::size_t row) const { return tree_[leaves_ + row]; }
@@ -197,16 +206,32 @@ pack_plan<Length> start_plan(span<const Length> length, Length capacity) {
   return p;
 }
 
+// The smallest row width above `width` at which a packing decision could change: a prompt of
+// `length` that did not fit a row with `free` slots fits it from width + length - free on.
+// Saturates at the largest width.
+template <class Length>
+void note_flip(unsigned long long* next, Length width, Length length, Length free) {
+  if (next == nullptr) return;
+  const auto w = static_cast<unsigned long long>(width);
+  const auto gap = static_cast<unsigned long long>(length) - static_cast<unsigned long long>(free);
+  const unsigned long long flip = w > ~0ull - gap ? ~0ull : w + gap;
+  *next = std::min(*next, flip);
+}
+
 // First-fit-decreasing over prompts given in decreasing order, into rows of `cap` (>= every
-// length, checked by the caller).
+// length, checked by the caller). With `next_change`, also the smallest width above cap at
+// which the packing would differ (every placement decision is the same below it): rows of a
+// width in [cap, next_change) are this packing, only wider.
 template <class Length>
 pack_plan<Length> ffd_sorted(span<const Length> length, const std::vector<std::size_t>& order,
-                             Length cap) {
+                             Length cap, unsigned long long* next_change = nullptr) {
   pack_plan<Length> p = start_plan(length, cap);
   first_fit_tree<Length> tree(length.size(), cap);
   std::size_t n_rows = 0;
   for (std::size_t i : order) {
-    const std::size_t r = tree.find(length[i]);
+    std::optional<Length> passed;  // the most room among the rows length[i] did not fit
+    const std::size_t r = tree.find(length[i], next_change != nullptr ? &passed : nullptr);
+    if (passed) note_flip(next_change, cap, length[i], *passed);
     const Length free = tree.free(r);
     p.row[i] = r;
     p.offset[i] = static_cast<Length>(cap - free);
@@ -219,14 +244,23 @@ pack_plan<Length> ffd_sorted(span<const Length> length, const std::vector<std::s
   return p;
 }
 
-// Best-fit-decreasing, same contract as ffd_sorted.
+// Best-fit-decreasing, same contract as ffd_sorted. A row that did not fit a prompt is one of
+// the open rows with less room, or a full row (no room).
 template <class Length>
 pack_plan<Length> bfd_sorted(span<const Length> length, const std::vector<std::size_t>& order,
-                             Length cap) {
+                             Length cap, unsigned long long* next_change = nullptr) {
   pack_plan<Length> p = start_plan(length, cap);
   std::set<std::pair<Length, std::size_t>> open;  // (free slots, row) of rows with room
+  std::size_t full = 0;                           // rows without room
   for (std::size_t i : order) {
     auto it = open.lower_bound({length[i], std::size_t{0}});
+    if (next_change != nullptr) {
+      if (it != open.begin()) {
+        note_flip(next_change, cap, length[i], std::prev(it)->first);
+      } else if (full > 0) {
+        note_flip(next_change, cap, length[i], Length{0});
+      }
+    }
     std::size_t r;
     Length free;
     if (it == open.end()) {
@@ -242,7 +276,11 @@ pack_plan<Length> bfd_sorted(span<const Length> length, const std::vector<std::s
     p.offset[i] = p.fill[r];
     p.fill[r] = static_cast<Length>(p.fill[r] + length[i]);
     const Length left = static_cast<Length>(free - length[i]);
-    if (left > 0) open.emplace(left, r);
+    if (left > 0) {
+      open.emplace(left, r);
+    } else {
+      ++full;
+    }
   }
   finish_plan(p, order);
   return p;
@@ -250,9 +288,10 @@ pack_plan<Length> bfd_sorted(span<const Length> length, const std::vector<std::s
 
 template <class Length>
 pack_plan<Length> pack_sorted(packer kind, span<const Length> length,
-                              const std::vector<std::size_t>& order, Length cap) {
-  return kind == packer::best_fit_decreasing ? bfd_sorted(length, order, cap)
-                                             : ffd_sorted(length, order, cap);
+                              const std::vector<std::size_t>& order, Length cap,
+                              unsigned long long* next_change = nullptr) {
+  return kind == packer::best_fit_decreasing ? bfd_sorted(length, order, cap, next_change)
+                                             : ffd_sorted(length, order, cap, next_change);
 }
 
 // Checks the lengths and capacity, sorts, packs: what every public packer does.
@@ -420,7 +459,8 @@ class row_bounds {
       bound = std::max(bound, ceil_div(count, j));
       if (first != asc_.end()) next = std::min(next, saturating_mul(j + 1, *first));
     }
-    return {bound, next > w ? next : w + 1};
+    // `next` saturates at the largest width: a run that reaches it ends the scan.
+    return {bound, next > w ? next : (w == ~0ull ? ~0ull : w + 1)};
   }
 
  private:
@@ -443,15 +483,16 @@ class row_bounds {
 /// The result is the narrowest width in [longest prompt, max_capacity] whose packing meets the
 /// budget (a packer's padding is not monotone in the width, so no width is passed over
 /// unchecked); when none does, the width with the fewest slots (the narrowest among equals).
-/// Widths are scanned upward; a width is packed only when lower bounds on its row count (total
-/// tokens / width; at most j prompts longer than width / (j + 1) in one row) leave the budget
-/// within reach, and runs of widths the bounds rule out are skipped in one step. Without
-/// max_capacity some width always meets the budget (every prompt in one row has no pad slot).
-/// Cost: one sort, then one O(n log n) packing per width the bounds cannot rule out: one for
+/// Widths are scanned upward, and a width is packed only when it could matter: lower bounds on
+/// its row count (total tokens / width; at most j prompts longer than width / (j + 1) in a row)
+/// skip runs of widths that cannot meet the budget, and every packing also reports the widest
+/// width up to which it stays the same packing (no placement decision flips below it), whose
+/// wider copies only add slots. Without max_capacity some width always meets the budget (every
+/// prompt in one row has no pad slot).
+/// Cost: one sort, then one O(n log n) packing per distinct packing the bounds leave: one for
 /// most heavy-tailed batches, a few dozen for lengths within a factor two of each other
 /// (bench_plan: 10^6 such prompts in well under a second). When the budget is out of reach
-/// under max_capacity, the fewest slots take one more scan with a packing per width that might
-/// beat the best seen: up to one per width in [longest, max_capacity].
+/// under max_capacity, the fewest slots take a second scan of the same kind.
 /// Throws prepack::error for what first_fit_decreasing refuses, for max_pad negative or not a
 /// number, and for a prompt longer than max_capacity.
 template <class Length>
@@ -486,12 +527,17 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
     const auto [rows, next] = bounds.at(w);
     // Every width in [w, next) needs `rows` rows or more, hence rows * w slots or more.
     if (static_cast<long double>(rows) * static_cast<long double>(w) > allowed) {
+      if (next <= w || w == widest) break;
       w = next;
       continue;
     }
-    pack_plan<Length> p = detail::pack_sorted(kind, length, order, static_cast<Length>(w));
+    unsigned long long same_until = ~0ull;  // the packing is this one up to that width
+    pack_plan<Length> p =
+        detail::pack_sorted(kind, length, order, static_cast<Length>(w), &same_until);
     if (slots(p) <= allowed) return p;
-    ++w;
+    // Wider rows of the same packing have more slots: on to the next packing.
+    if (same_until <= w || w == widest) break;
+    w = same_until;
   }
   // None does (the widest row allowed is too narrow): the fewest slots, packing only the widths
   // whose bound could beat the fewest seen.
@@ -499,12 +545,16 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
   for (auto w = static_cast<unsigned long long>(longest); w <= widest;) {
     const auto [rows, next] = bounds.at(w);
     if (fewest && static_cast<long double>(rows) * static_cast<long double>(w) >= slots(*fewest)) {
+      if (next <= w || w == widest) break;
       w = next;
       continue;
     }
-    pack_plan<Length> p = detail::pack_sorted(kind, length, order, static_cast<Length>(w));
+    unsigned long long same_until = ~0ull;
+    pack_plan<Length> p =
+        detail::pack_sorted(kind, length, order, static_cast<Length>(w), &same_until);
     if (!fewest || slots(p) < slots(*fewest)) fewest = std::move(p);
-    ++w;
+    if (same_until <= w || w == widest) break;
+    w = same_until;
   }
   PREPACK_ASSERT(fewest.has_value());
   return std::move(*fewest);
