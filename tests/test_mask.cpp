@@ -12,18 +12,11 @@
 #include <vector>
 
 #include "common.hpp"
+#include "random_layout.hpp"
 
 namespace {
 
-prepack::packed_layout<> random_layout(std::mt19937_64& rng, int trial) {
-  const auto len =
-      test::random_lengths(rng, 1 + rng() % 12, 1, 1 + static_cast<long long>(rng() % 20));
-  const auto plan = trial % 3 == 0   ? prepack::padded(len)
-                    : trial % 3 == 1 ? prepack::first_fit_decreasing(len)
-                                     : prepack::best_fit_decreasing(
-                                           len, *std::max_element(len.begin(), len.end()) + 5);
-  return prepack::make_layout(plan, test::tagged_prompts(len, 50));
-}
+using test::random_layout;
 
 TEST(Mask, DenseMasksMatchTheDefinition) {
   std::mt19937_64 rng(17);

@@ -79,9 +79,10 @@ struct bfloat16 {
 
   static std::uint16_t from_float(float f) noexcept {
     const std::uint32_t u = detail::float_bits(f);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-    const std::uint32_t rounding = 0x7FFFu + ((u >> 16) & 1u);
-    return static_cast<std::uint16_t>((u + rounding) >> 16);
+    const std::uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+    const std::uint32_t nan = (u >> 16) | 0x40u;  // a quiet NaN, sign and payload kept
+    // Branch-free (vectorisable): NaN when the exponent is all ones and the mantissa is not 0.
+    return static_cast<std::uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
   }
   static float to_float(std::uint16_t b) noexcept {
     return detail::bits_float(static_cast<std::uint32_t>(b) << 16);
