@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -93,7 +94,8 @@ namespace detail {
 // with the row count of the activations given at run time.
 struct onednn_bf16 {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::matmul matmul;
+  dnnl::matmul matmul;                // C += A B
+  std::optional<dnnl::matmul> plain;  // C = A B
   dnnl::memory weights;
   std::int64_t k = 0, n = 0;
   std::mutex lock;                 // one call at a time (the conversion buffer is shared)
@@ -107,13 +109,20 @@ struct onednn_bf16 {
     const memory::desc b_md({k, n}, memory::data_type::bf16, memory::format_tag::any);
     const memory::desc c_md({DNNL_RUNTIME_DIM_VAL, n}, memory::data_type::f32,
                             {DNNL_RUNTIME_DIM_VAL, 1});
+    // Two primitives over the same weights: C = A B, and C += A B (the residual add).
+    const auto plain_pd =
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine);
     dnnl::post_ops po;
-    po.append_sum(1.0f);  // C += A * B: the residual add, or onto zeros
+    po.append_sum(1.0f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(po);
-    const auto pd =
+    const auto sum_pd =
         dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
-    matmul = dnnl::matmul(pd);
+    matmul = dnnl::matmul(sum_pd);
+    // Both take the weights in the same layout (they differ only in the post-op); if a build
+    // ever disagreed, C is zeroed and the accumulating one used.
+    if (plain_pd.weights_desc() == sum_pd.weights_desc()) plain = dnnl::matmul(plain_pd);
+    const auto pd = sum_pd;
     std::vector<std::uint16_t> b16(static_cast<std::size_t>(k * n));
     for (std::int64_t r = 0; r < k; ++r) {
       for (std::int64_t c = 0; c < n; ++c) {
@@ -142,13 +151,14 @@ struct onednn_bf16 {
       std::uint16_t* dst = out + r * kk;
       for (std::int64_t j = 0; j < kk; ++j) dst[j] = bfloat16::from_float(src[j]);
     }
-    if (!accumulate) {
+    if (!accumulate && !plain) {
       for (std::int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, 0.0f);
     }
     dnnl::stream s(engine);
     memory am(memory::desc({m, k}, memory::data_type::bf16, {k, 1}), engine, a16.data());
     memory cm(memory::desc({m, n}, memory::data_type::f32, {ldc, 1}), engine, c);
-    matmul.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, cm}});
+    (accumulate || !plain ? matmul : *plain)
+        .execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, cm}});
     s.wait();
   }
 };
