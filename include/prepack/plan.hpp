@@ -168,17 +168,23 @@ class first_fit_tree {
     for (std::size_t i = 0; i < n; ++i) tree_[leaves_ + i] = capacity;
     for (std::size_t i = leaves_; i-- > 1;) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
   }
-  // Lowest row whose free space is >= k; the caller guarantees one exists. `passed`, when
-  // given, receives the largest free space of the rows before it (those k did not fit), or
-  // stays untouched when there are none.
-  std::size_t find(Length k, std::optional<Length>* passed = nullptr) const {
+  // Lowest row whose free space is >= k; the caller guarantees one exists.
+  std::size_t find(Length k) const {
+    PREPACK_ASSERT(tree_[1] >= k);
+    std::size_t i = 1;
+    while (i < leaves_) i = tree_[2 * i] >= k ? 2 * i : 2 * i + 1;
+    return i - leaves_;
+  }
+  // The same, and the largest free space of the rows before it (those k did not fit) in
+  // `passed`, left untouched when there are none.
+  std::size_t find(Length k, std::optional<Length>& passed) const {
     PREPACK_ASSERT(tree_[1] >= k);
     std::size_t i = 1;
     while (i < leaves_) {
       if (tree_[2 * i] >= k) {
         i = 2 * i;
       } else {
-        if (passed != nullptr && (!*passed || tree_[2 * i] > **passed)) *passed = tree_[2 * i];
+        if (!passed || tree_[2 * i] > *passed) passed = tree_[2 * i];
         i = 2 * i + 1;
       }
     }
@@ -229,9 +235,14 @@ pack_plan<Length> ffd_sorted(span<const Length> length, const std::vector<std::s
   first_fit_tree<Length> tree(length.size(), cap);
   std::size_t n_rows = 0;
   for (std::size_t i : order) {
-    std::optional<Length> passed;  // the most room among the rows length[i] did not fit
-    const std::size_t r = tree.find(length[i], next_change != nullptr ? &passed : nullptr);
-    if (passed) note_flip(next_change, cap, length[i], *passed);
+    std::size_t r;
+    if (next_change != nullptr) {
+      std::optional<Length> passed;  // the most room among the rows length[i] did not fit
+      r = tree.find(length[i], passed);
+      if (passed) note_flip(next_change, cap, length[i], *passed);
+    } else {
+      r = tree.find(length[i]);
+    }
     const Length free = tree.free(r);
     p.row[i] = r;
     p.offset[i] = static_cast<Length>(cap - free);
