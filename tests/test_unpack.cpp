@@ -494,4 +494,84 @@ TEST(SlotMapping, WritesEachLayerThroughTheMapping) {
       "paged pool: the pool has no blocks");
 }
 
+// Every named pool layout, vLLM's split key cache included, receives each token at the element
+// the layout's own index formula names (written out here, not taken from the views), converting
+// to half precision on the way; every other element keeps its sentinel.
+template <class T>
+void expect_pool_layouts(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::size_t n_blocks = 5, bs = 3, heads = 2, dim = 16, tokens = 11;
+  // A random injective mapping of the tokens into the pool's slots, a few tokens skipped (-1).
+  std::vector<std::int64_t> pool_slots(n_blocks * bs);
+  std::iota(pool_slots.begin(), pool_slots.end(), 0);
+  std::shuffle(pool_slots.begin(), pool_slots.end(), rng);
+  std::vector<std::int64_t> slots(pool_slots.begin(), pool_slots.begin() + tokens);
+  slots[2] = slots[7] = -1;
+  const auto m = prepack::slot_mapping::from_slots(slots, n_blocks, bs);
+  std::vector<float> src(tokens * heads * dim);
+  for (std::size_t k = 0; k < src.size(); ++k) src[k] = static_cast<float>(k % 251);
+  const auto src_view = prepack::contiguous_view<const float, 3>(src.data(), {tokens, heads, dim});
+  const std::size_t x = 16 / sizeof(T);
+  // Physical index of (block b, offset o, head h, dim d) in each layout.
+  using index_fn = std::size_t (*)(std::size_t, std::size_t, std::size_t, std::size_t);
+  const std::vector<std::pair<prepack::paged_order, index_fn>> orders{
+      {prepack::paged_order::block_slot_head_dim,
+       [](std::size_t b, std::size_t o, std::size_t h, std::size_t d) {
+         return ((b * bs + o) * heads + h) * dim + d;
+       }},
+      {prepack::paged_order::block_head_slot_dim,
+       [](std::size_t b, std::size_t o, std::size_t h, std::size_t d) {
+         return ((b * heads + h) * bs + o) * dim + d;
+       }},
+      {prepack::paged_order::block_head_dim_slot,
+       [](std::size_t b, std::size_t o, std::size_t h, std::size_t d) {
+         return ((b * heads + h) * dim + d) * bs + o;
+       }},
+  };
+  const auto expect_written = [&](const std::vector<T>& pool, auto&& index) {
+    std::vector<bool> hit(pool.size(), false);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      if (slots[t] < 0) continue;
+      const auto slot = static_cast<std::size_t>(slots[t]);
+      for (std::size_t h = 0; h < heads; ++h) {
+        for (std::size_t d = 0; d < dim; ++d) {
+          const std::size_t at = index(slot / bs, slot % bs, h, d);
+          hit[at] = true;
+          ASSERT_EQ(prepack::to_float(pool[at]), src[(t * heads + h) * dim + d])
+              << "token " << t << " head " << h << " dim " << d;
+        }
+      }
+    }
+    for (std::size_t k = 0; k < pool.size(); ++k) {
+      if (!hit[k]) {
+        ASSERT_EQ(prepack::to_float(pool[k]), static_cast<float>(kSentinel)) << k;
+      }
+    }
+  };
+  const T sentinel = prepack::convert_to<T>(static_cast<float>(kSentinel));
+  for (const auto& [order, index] : orders) {
+    std::vector<T> pool(n_blocks * bs * heads * dim, sentinel);
+    prepack::write_slots(m, src_view,
+                         prepack::paged_view(pool.data(), order, n_blocks, bs, heads, dim));
+    expect_written(pool, index);
+  }
+  std::vector<T> key(n_blocks * bs * heads * dim, sentinel);
+  prepack::write_slots(m, src_view, prepack::split_key_view(key.data(), n_blocks, bs, heads, dim));
+  expect_written(key, [x](std::size_t b, std::size_t o, std::size_t h, std::size_t d) {
+    return (((b * heads + h) * (dim / x) + d / x) * bs + o) * x + d % x;
+  });
+  // Errors, nothing written: x not dividing the head dim; heads or dims that differ.
+  EXPECT_PREPACK_ERROR(prepack::split_key_view(key.data(), n_blocks, bs, heads, dim, 3),
+                       "split key cache: head dim 16 is not a multiple of x = 3");
+  std::vector<T> small(n_blocks * bs * heads * 8, sentinel);
+  EXPECT_PREPACK_ERROR(prepack::write_slots(m, src_view,
+                                            prepack::split_key_view(small.data(), n_blocks, bs,
+                                                                    heads, std::size_t{8}, 4)),
+                       "paged pool: 2 heads x 2 x 4 dims, the source has 2 x 16");
+  for (const T& v : small) ASSERT_EQ(prepack::to_float(v), static_cast<float>(kSentinel));
+}
+
+TEST(SlotMapping, WritesVllmPoolLayoutsFloat) { expect_pool_layouts<float>(5); }
+TEST(SlotMapping, WritesVllmPoolLayoutsHalf) { expect_pool_layouts<prepack::half>(6); }
+
 }  // namespace

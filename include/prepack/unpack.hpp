@@ -11,7 +11,9 @@
 //
 // Engines that write KV layer by layer as the forward pass produces it build a slot_mapping
 // once (one pool slot per layout slot, -1 for pad slots, checked once) and call write_slots
-// per layer: O(1) checks per call, no allocation.
+// per layer: O(1) checks per call, no allocation. paged_view names the common pool layouts
+// (vLLM's flash NHD, HND, its paged-attention value cache) and split_key_view vLLM's
+// paged-attention key cache [blocks][heads][head_dim / x][block_size][x].
 //
 // Cost: O(useful tokens * n_heads * head_dim) copies per layer and K/V; the checks are
 // O(n_prompts) plus, for destinations that could overlap (several views, or K and V), a sort of
@@ -552,6 +554,79 @@ void write_slots(const slot_mapping& m, tensor_view<S, 3> src, tensor_view<T, 4>
     detail::copy_token(&src(t, 0, 0), src.stride[1], src.stride[2],
                        &pool(slot / m.block_size(), slot % m.block_size(), 0, 0), pool.stride[2],
                        pool.stride[3], src.extent[1], src.extent[2]);
+  }
+}
+
+/// Physical orders of a paged KV pool, for paged_view(). Each is seen as (block, offset in
+/// block, head, dim), the order write_slots and unpack_paged take.
+enum class paged_order {
+  block_slot_head_dim,  // [n_blocks][block_size][n_heads][head_dim]  (vLLM's flash layout, NHD)
+  block_head_slot_dim,  // [n_blocks][n_heads][block_size][head_dim]  (HND)
+  block_head_dim_slot,  // [n_blocks][n_heads][head_dim][block_size]  (vLLM's paged-attention
+                        //                                             value cache)
+};
+
+/// Views a contiguous paged pool as (block, offset in block, head, dim).
+template <class T>
+tensor_view<T, 4> paged_view(T* data, paged_order order, std::size_t n_blocks,
+                             std::size_t block_size, std::size_t n_heads, std::size_t head_dim) {
+  const std::size_t block = block_size * n_heads * head_dim;
+  if (order == paged_order::block_head_slot_dim) {
+    return {data,
+            {n_blocks, block_size, n_heads, head_dim},
+            {block, head_dim, block_size * head_dim, 1}};
+  }
+  if (order == paged_order::block_head_dim_slot) {
+    return {data,
+            {n_blocks, block_size, n_heads, head_dim},
+            {block, 1, head_dim * block_size, block_size}};
+  }
+  return {
+      data, {n_blocks, block_size, n_heads, head_dim}, {block, n_heads * head_dim, head_dim, 1}};
+}
+
+/// Views vLLM's paged-attention key cache [n_blocks][n_heads][head_dim / x][block_size][x]
+/// (x elements make 16 bytes: 4 floats, 8 halves) as (block, offset in block, head,
+/// dim / x, dim % x), for write_slots. Throws prepack::error if x is 0 or does not divide
+/// head_dim.
+template <class T>
+tensor_view<T, 5> split_key_view(T* data, std::size_t n_blocks, std::size_t block_size,
+                                 std::size_t n_heads, std::size_t head_dim,
+                                 std::size_t x = 16 / sizeof(T)) {
+  detail::require(x > 0 && head_dim % x == 0, "split key cache: head dim ", head_dim,
+                  " is not a multiple of x = ", x);
+  const std::size_t chunks = head_dim / x;
+  return {data,
+          {n_blocks, block_size, n_heads, chunks, x},
+          {n_heads * head_dim * block_size, x, head_dim * block_size, block_size * x, 1}};
+}
+
+/// write_slots into a pool whose head dimension is split in two, seen as (block, offset in
+/// block, head, dim / x, dim % x) with x = pool.extent[4]: vLLM's paged-attention key cache
+/// (split_key_view). Same placement and errors as the (block, offset, head, dim) form.
+template <class T, class S>
+void write_slots(const slot_mapping& m, tensor_view<S, 3> src, tensor_view<T, 5> pool) {
+  detail::check_view(src, "source", false);
+  detail::check_view(pool, "paged pool", true);
+  detail::require(src.extent[0] == m.slots().size(), "source: ", src.extent[0],
+                  " tokens, the slot mapping has ", m.slots().size());
+  detail::require(pool.extent[0] == m.n_blocks() && pool.extent[1] == m.block_size(),
+                  "paged pool: ", pool.extent[0], " blocks of ", pool.extent[1],
+                  ", the slot mapping was built for ", m.n_blocks(), " of ", m.block_size());
+  const std::size_t x = pool.extent[4], chunks = pool.extent[3];
+  detail::require(pool.extent[2] == src.extent[1] && chunks * x == src.extent[2],
+                  "paged pool: ", pool.extent[2], " heads x ", chunks, " x ", x,
+                  " dims, the source has ", src.extent[1], " x ", src.extent[2]);
+  if (detail::empty_view(pool)) return;
+  for (std::size_t t = 0; t < src.extent[0]; ++t) {
+    const std::int64_t s = m.slots()[t];
+    if (s < 0) continue;
+    const auto slot = static_cast<std::size_t>(s);
+    for (std::size_t c = 0; c < chunks; ++c) {
+      detail::copy_token(&src(t, 0, c * x), src.stride[1], src.stride[2],
+                         &pool(slot / m.block_size(), slot % m.block_size(), 0, c, 0),
+                         pool.stride[2], pool.stride[4], src.extent[1], x);
+    }
   }
 }
 

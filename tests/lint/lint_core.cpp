@@ -23,6 +23,14 @@ int main() {
   const std::vector<int> bt{0, 1, 2, 3, 4, 5};
   prepack::unpack_paged(l, s, prepack::contiguous_view<float, 4>(pool.data(), {10, 10, 1, 1}),
                         prepack::contiguous_view<const int, 2>(bt.data(), {3, 2}));
+  const auto sm = prepack::make_slot_mapping(
+      l, prepack::contiguous_view<const int, 2>(bt.data(), {3, 2}), 10, 10);
+  const auto flat = prepack::flatten_rows(s);
+  prepack::write_slots(
+      sm, flat,
+      prepack::paged_view(pool.data(), prepack::paged_order::block_head_dim_slot, 10, 10, 1, 1));
+  std::vector<prepack::half> key(100);
+  prepack::write_slots(sm, flat, prepack::split_key_view(key.data(), 10, 10, 1, 1, 1));
   std::vector<float> lp(30);
   prepack::unpack_left_padded(l, s, prepack::contiguous_view<float, 4>(lp.data(), {3, 10, 1, 1}));
   std::vector<float> g(3);
