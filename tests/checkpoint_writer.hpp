@@ -150,7 +150,10 @@ struct gguf_options {
   std::string arch = "llama";   // llama: Q/K permuted; qwen2: as they are
   dtype matrices = dtype::f32;  // type of 2-D tensors (norms and biases stay F32)
   std::string name = "test-model";
-  bool vocab_list = true;  // write a tokenizer.ggml.tokens string array (skipped on load)
+  // Write the tokenizer metadata as llama.cpp's converter does (tokens, scores, token types,
+  // merges, special ids) and one key of every other value type, an array of arrays included;
+  // none of it is needed, so the loader skips it.
+  bool vocab_list = true;
 };
 
 // The GGUF bytes of a model.
@@ -228,12 +231,51 @@ inline std::vector<unsigned char> gguf_bytes(const ref::config& c, const ref::we
   f32(a + ".attention.layer_norm_rms_epsilon", c.rms_eps);
   if (c.head_dim > 0) u32(a + ".attention.key_length", u(c.head_dim));
   if (opt.vocab_list) {
-    m.str("tokenizer.ggml.tokens");
-    m.put<std::uint32_t>(9);
+    const auto n_vocab = static_cast<std::uint64_t>(c.vocab);
+    const auto array = [&](const std::string& key, std::uint32_t type, std::uint64_t n) {
+      m.str(key);
+      m.put<std::uint32_t>(9);
+      m.put<std::uint32_t>(type);
+      m.put<std::uint64_t>(n);
+      ++n_meta;
+    };
+    array("tokenizer.ggml.tokens", 8, n_vocab);
+    for (std::uint64_t i = 0; i < n_vocab; ++i) m.str("tok" + std::to_string(i));
+    array("tokenizer.ggml.scores", 6, n_vocab);
+    for (std::uint64_t i = 0; i < n_vocab; ++i) m.put<float>(-static_cast<float>(i));
+    array("tokenizer.ggml.token_type", 5, n_vocab);
+    for (std::uint64_t i = 0; i < n_vocab; ++i) m.put<std::int32_t>(1);
+    array("tokenizer.ggml.merges", 8, 2);
+    m.str("t o");
+    m.str("to k");
+    u32("tokenizer.ggml.bos_token_id", 1);
+    u32("tokenizer.ggml.eos_token_id", 2);
+    text("tokenizer.ggml.model", "llama");
+    u32("general.file_type", 0);
+    u32("general.quantization_version", 2);
+    const auto scalar = [&](const std::string& key, std::uint32_t type, auto v) {
+      m.str(key);
+      m.put<std::uint32_t>(type);
+      m.put(v);
+      ++n_meta;
+    };
+    scalar("test.u8", 0, std::uint8_t{1});
+    scalar("test.i8", 1, std::int8_t{-1});
+    scalar("test.u16", 2, std::uint16_t{2});
+    scalar("test.i16", 3, std::int16_t{-2});
+    scalar("test.i32", 5, std::int32_t{-3});
+    scalar("tokenizer.ggml.add_bos_token", 7, std::uint8_t{1});
+    scalar("test.u64", 10, std::uint64_t{4});
+    scalar("test.i64", 11, std::int64_t{-4});
+    scalar("test.f64", 12, 0.5);
+    array("test.nested", 9, 2);  // [[7, 8], ["a"]]
+    m.put<std::uint32_t>(4);
+    m.put<std::uint64_t>(2);
+    m.put<std::uint32_t>(7);
     m.put<std::uint32_t>(8);
-    m.put<std::uint64_t>(static_cast<std::uint64_t>(c.vocab));
-    for (int i = 0; i < c.vocab; ++i) m.str("tok" + std::to_string(i));
-    ++n_meta;
+    m.put<std::uint32_t>(8);
+    m.put<std::uint64_t>(1);
+    m.str("a");
   }
   h.put<std::uint64_t>(n_meta);
   h.bytes.insert(h.bytes.end(), m.bytes.begin(), m.bytes.end());

@@ -181,6 +181,40 @@ TEST(CheckpointErrors, TruncatedGgufFilesAreRefused) {
   }
 }
 
+// Arrays of arrays are skipped however they nest, up to 16 deep; deeper ones are refused by
+// name instead of recursing without bound.
+TEST(CheckpointErrors, NestedMetadataArraysAreSkippedWithinABound) {
+  const auto file = [](int depth) {
+    test::byte_writer b;
+    for (char ch : {'G', 'G', 'U', 'F'}) b.put(ch);
+    b.put<std::uint32_t>(3);
+    b.put<std::uint64_t>(0);  // tensors
+    b.put<std::uint64_t>(2);  // metadata entries
+    b.str("deep");
+    b.put<std::uint32_t>(9);
+    for (int k = 1; k < depth; ++k) {  // an array holding one array, depth - 1 times
+      b.put<std::uint32_t>(9);
+      b.put<std::uint64_t>(1);
+    }
+    b.put<std::uint32_t>(4);  // the innermost: two uint32
+    b.put<std::uint64_t>(2);
+    b.put<std::uint32_t>(5);
+    b.put<std::uint32_t>(6);
+    b.str("general.name");  // a key after it, read at the right place
+    b.put<std::uint32_t>(8);
+    b.str("after");
+    return b.bytes;
+  };
+  for (int depth : {1, 2, 16}) {
+    const auto bytes = file(depth);
+    const prepack::gguf_file g(prepack::span<const unsigned char>(bytes), "nested.gguf");
+    EXPECT_EQ(g.text("general.name"), "after") << "depth " << depth;
+  }
+  const auto deep = file(17);
+  EXPECT_PREPACK_ERROR(prepack::gguf_file(prepack::span<const unsigned char>(deep), "deep.gguf"),
+                       "deep.gguf: metadata deep: arrays nested more than 16 deep");
+}
+
 // Bytes of a little GGUF file with its fields patched.
 struct gguf_fixture : ::testing::Test {
   ref::config c = block_config(false, false);

@@ -246,7 +246,38 @@ class gguf_file {
     }
   }
 
-  gguf_value value(std::uint32_t type, const std::string& key, int depth) {
+  // Skips the elements of a metadata array (none of them is needed), arrays of arrays too, up
+  // to a nesting depth far beyond any real file's so a hostile one cannot exhaust the stack.
+  void skip_array(std::uint32_t type, std::uint64_t count, const std::string& key, int depth) {
+    detail::require(depth < 16, name_, ": metadata ", key, ": arrays nested more than 16 deep");
+    if (type == 9) {  // each element: its own element type and count
+      detail::require(count <= (bytes_.size() - pos_) / 12, name_, ": metadata ", key,
+                      ": array of ", count, " arrays runs past the end of the file");
+      for (std::uint64_t i = 0; i < count; ++i) {
+        const auto inner_type = take<std::uint32_t>("metadata array type");
+        const auto inner_count = take<std::uint64_t>("metadata array count");
+        skip_array(inner_type, inner_count, key, depth + 1);
+      }
+      return;
+    }
+    const int size = scalar_size(type);
+    detail::require(size >= 0, name_, ": metadata ", key, ": unknown array type ", type);
+    if (size > 0) {  // a block of scalars
+      detail::require(count <= (bytes_.size() - pos_) / static_cast<std::uint64_t>(size), name_,
+                      ": metadata ", key, ": array of ", count, " runs past the end of the file");
+      pos_ += static_cast<std::size_t>(count) * static_cast<std::size_t>(size);
+    } else {  // strings: each at least its 8-byte length
+      detail::require(count <= (bytes_.size() - pos_) / 8, name_, ": metadata ", key, ": array of ",
+                      count, " strings runs past the end of the file");
+      for (std::uint64_t i = 0; i < count; ++i) {
+        const auto n = take<std::uint64_t>("metadata string");
+        need(n, "metadata string");
+        pos_ += static_cast<std::size_t>(n);
+      }
+    }
+  }
+
+  gguf_value value(std::uint32_t type, const std::string& key) {
     gguf_value v;
     switch (type) {
       case 0:
@@ -293,26 +324,12 @@ class gguf_file {
         v.type = gguf_value::kind::real;
         v.real = take<double>("metadata");
         break;
-      case 9: {
-        detail::require(depth == 0, name_, ": metadata ", key, ": nested arrays");
+      case 9:
         v.type = gguf_value::kind::array;
         v.array_type = take<std::uint32_t>("metadata array type");
         v.array_count = take<std::uint64_t>("metadata array count");
-        const int size = scalar_size(v.array_type);
-        detail::require(size >= 0, name_, ": metadata ", key, ": unknown array type ",
-                        v.array_type);
-        if (size > 0) {  // a block of scalars: skip it
-          detail::require(
-              v.array_count <= (bytes_.size() - pos_) / static_cast<std::uint64_t>(size), name_,
-              ": metadata ", key, ": array of ", v.array_count, " runs past the end of the file");
-          pos_ += static_cast<std::size_t>(v.array_count) * static_cast<std::size_t>(size);
-        } else {  // strings: each at least its 8-byte length
-          detail::require(v.array_count <= (bytes_.size() - pos_) / 8, name_, ": metadata ", key,
-                          ": array of ", v.array_count, " strings runs past the end of the file");
-          for (std::uint64_t i = 0; i < v.array_count; ++i) (void)string("metadata string");
-        }
+        skip_array(v.array_type, v.array_count, key, 0);
         break;
-      }
       default:
         detail::fail(name_, ": metadata ", key, ": unknown value type ", type);
     }
@@ -337,7 +354,7 @@ class gguf_file {
     for (std::uint64_t i = 0; i < n_meta; ++i) {
       std::string key = string("metadata key");
       const auto type = take<std::uint32_t>("metadata type");
-      gguf_value v = value(type, key, 0);
+      gguf_value v = value(type, key);
       meta_[std::move(key)] = std::move(v);
     }
     std::uint64_t alignment = 32;
