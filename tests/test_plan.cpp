@@ -419,6 +419,30 @@ TEST(FittedPlan, FindsAWidthBetweenTheLongestAndTheBound) {
   EXPECT_EQ(p.n_rows(), 2u);
 }
 
+// max_packings bounds the search: {5, 6, 3} at 20% padding (16.8 slots) needs two packings
+// (width 6 is ruled out by its bound; 7 packs 6 | 5 | 3, 21 slots; 8 packs 6 | 5 3, 16 slots),
+// so a limit of one is an error naming it and a limit of two gives the answer.
+TEST(FittedPlan, MaxPackingsBoundsTheSearch) {
+  const std::vector<int> len{5, 6, 3};
+  const prepack::fit_options opt{0.2, {}};
+  EXPECT_PREPACK_ERROR(
+      prepack::fitted_plan(prepack::packer::first_fit_decreasing, len, opt, 1),
+      "fitted_plan: 1 packings (max_packings) searched widths up to 8 without an answer");
+  EXPECT_EQ(prepack::fitted_plan(prepack::packer::first_fit_decreasing, len, opt, 2).capacity, 8);
+  // Lengths of billions of tokens spanning orders of magnitude: best-fit changes packing every
+  // few widths for a long way (the fuzzer's input; about 2 x 10^5 packings unbounded).
+  const std::vector<std::uint32_t> wide{
+      1712394255u, 1785292903u, 1852664939u, 1920036975u, 1987409011u, 2054781047u, 2122153083u,
+      201393213u,  83886080u,   50331648u,   134217728u,  150994944u,  16777216u,   83887104u,
+      50331648u,   131072u,     12u,         5u,          3u,          8u,          9u,
+      262145u,     3u,          1024u,       3072u,       256u,        1024u,       2172681984u,
+      2240054146u, 2575861638u, 2644286362u, 2711658398u, 2779030434u, 2846402470u, 43946u,
+      2997989464u, 3065361587u, 3132733687u, 33u,         1073741824u, 3318006716u};
+  EXPECT_PREPACK_ERROR(
+      prepack::fitted_plan(prepack::packer::best_fit_decreasing, wide, {0.1875, {}}, 1000),
+      "fitted_plan: 1000 packings (max_packings)");
+}
+
 TEST(FittedPlan, MaxCapacityBoundsTheWidth) {
   const std::vector<int> len{10, 6, 6, 6};
   // No width up to 12 removes every pad slot: 10 gives 4 rows (40 slots), 12 gives 3 (36).

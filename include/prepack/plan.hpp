@@ -503,11 +503,18 @@ class row_bounds {
 /// Cost: one sort, then one O(n log n) packing per distinct packing the bounds leave: one for
 /// most heavy-tailed batches, a few dozen for lengths within a factor two of each other
 /// (bench_plan: 10^6 such prompts in well under a second). When the budget is out of reach
-/// under max_capacity, the fewest slots take a second scan of the same kind.
+/// under max_capacity, the fewest slots take a second scan of the same kind. The worst case is
+/// not small: prompts of billions of tokens whose lengths span orders of magnitude can need
+/// 10^5 packings and more (best-fit more often than first-fit: more of its decisions can flip);
+/// max_packings bounds that: past it the
+/// search gives up with prepack::error (default: no limit, exact whatever it costs). Callers
+/// that take lengths from untrusted input bound the time with it.
 /// Throws prepack::error for what first_fit_decreasing refuses, for max_pad negative or not a
-/// number, and for a prompt longer than max_capacity.
+/// number, for a prompt longer than max_capacity, and when the search would exceed
+/// max_packings.
 template <class Length>
-pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_options opt = {}) {
+pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_options opt = {},
+                              std::optional<std::size_t> max_packings = std::nullopt) {
   const Length longest = detail::checked_capacity(length, std::optional<Length>{});
   detail::require(opt.max_pad >= 0, "max_pad ", opt.max_pad, " (must be a number >= 0)");
   unsigned long long total = 0;  // the useful tokens; saturates, which only caps the width
@@ -532,6 +539,15 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
   };
   const std::vector<std::size_t> order = detail::decreasing_order(length);
   const detail::row_bounds<Length> bounds(length, total);
+  std::size_t packings = 0;
+  const auto pack_at = [&](unsigned long long w, unsigned long long* same_until) {
+    if (max_packings && packings >= *max_packings) {
+      detail::fail("fitted_plan: ", *max_packings,
+                   " packings (max_packings) searched widths up to ", w, " without an answer");
+    }
+    ++packings;
+    return detail::pack_sorted(kind, length, order, static_cast<Length>(w), same_until);
+  };
   // First the narrowest width that meets the budget: a width is packed only if its bound
   // leaves the budget within reach.
   for (auto w = static_cast<unsigned long long>(longest); w <= widest;) {
@@ -543,8 +559,7 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
       continue;
     }
     unsigned long long same_until = ~0ull;  // the packing is this one up to that width
-    pack_plan<Length> p =
-        detail::pack_sorted(kind, length, order, static_cast<Length>(w), &same_until);
+    pack_plan<Length> p = pack_at(w, &same_until);
     if (slots(p) <= allowed) return p;
     // Wider rows of the same packing have more slots: on to the next packing.
     if (same_until <= w || w == widest) break;
@@ -561,8 +576,7 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
       continue;
     }
     unsigned long long same_until = ~0ull;
-    pack_plan<Length> p =
-        detail::pack_sorted(kind, length, order, static_cast<Length>(w), &same_until);
+    pack_plan<Length> p = pack_at(w, &same_until);
     if (!fewest || slots(p) < slots(*fewest)) fewest = std::move(p);
     if (same_until <= w || w == widest) break;
     w = same_until;
@@ -572,13 +586,15 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
 }
 
 template <class Range, class = detail::if_length_range<Range>>
-auto fitted_plan(packer kind, const Range& length, fit_options opt = {}) {
-  return fitted_plan(kind, detail::as_span(length), opt);
+auto fitted_plan(packer kind, const Range& length, fit_options opt = {},
+                 std::optional<std::size_t> max_packings = std::nullopt) {
+  return fitted_plan(kind, detail::as_span(length), opt, max_packings);
 }
 template <class Length>
 pack_plan<Length> fitted_plan(packer kind, std::initializer_list<Length> length,
-                              fit_options opt = {}) {
-  return fitted_plan(kind, span<const Length>(length.begin(), length.size()), opt);
+                              fit_options opt = {},
+                              std::optional<std::size_t> max_packings = std::nullopt) {
+  return fitted_plan(kind, span<const Length>(length.begin(), length.size()), opt, max_packings);
 }
 
 /// One batch of rows cut from a larger plan: a plan of its own over the prompts of those rows

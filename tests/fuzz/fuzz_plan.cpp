@@ -1,6 +1,7 @@
 // libFuzzer target: the planners on any lengths, capacities and length types. Bad input must
 // throw prepack::error; good input must give a plan that places every prompt exactly once,
 // inside its row, with no two prompts sharing a slot, and that make_layout accepts.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -73,6 +74,10 @@ void run(reader& in) {
   fit.max_pad = static_cast<double>(mode >> 2) / 16.0;
   if (give_cap && static_cast<long double>(cap) >= 0)
     fit.max_capacity = static_cast<unsigned long long>(cap);
+  // Lengths of billions of tokens can make the exact search long (see fitted_plan): bounded,
+  // the limit's error is one more prepack::error.
+  const std::size_t max_packings =
+      std::max<std::size_t>(8, (std::size_t{1} << 18) / (len.size() + 1));
   for (int kind = 0; kind < 5; ++kind) {
     try {
       const auto p =
@@ -84,7 +89,7 @@ void run(reader& in) {
                     capacity)
               : prepack::fitted_plan(kind == 3 ? prepack::packer::first_fit_decreasing
                                                : prepack::packer::best_fit_decreasing,
-                                     len, fit);
+                                     len, fit, max_packings);
       check_plan(len, p);
       if (kind >= 3 && fit.max_capacity) {
         CHECK(static_cast<unsigned long long>(p.capacity) <= *fit.max_capacity);
