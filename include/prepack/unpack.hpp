@@ -527,6 +527,24 @@ slot_mapping make_slot_mapping(const packed_layout<Token, Index>& l, tensor_view
   return slot_mapping(std::move(slots), n_blocks, block_size);
 }
 
+namespace detail {
+
+// What every write_slots checks before its heads and dims: the views are addressable (the pool
+// without overlapping strides), one source token per mapping entry, the mapping's pool shape.
+template <class S, class T, std::size_t R>
+void check_slot_write(const slot_mapping& m, const tensor_view<S, 3>& src,
+                      const tensor_view<T, R>& pool) {
+  check_view(src, "source", false);
+  check_view(pool, "paged pool", true);
+  require(src.extent[0] == m.slots().size(), "source: ", src.extent[0],
+          " tokens, the slot mapping has ", m.slots().size());
+  require(pool.extent[0] == m.n_blocks() && pool.extent[1] == m.block_size(),
+          "paged pool: ", pool.extent[0], " blocks of ", pool.extent[1],
+          ", the slot mapping was built for ", m.n_blocks(), " of ", m.block_size());
+}
+
+}  // namespace detail
+
 /// Writes one layer's per-token tensor src (token, head, dim) into a paged pool seen as
 /// (block, offset in block, head, dim) through a slot mapping, vLLM's reshape_and_cache:
 /// token t goes to pool slot m.slots()[t]; tokens mapped to -1 are skipped. Converts to the
@@ -535,15 +553,7 @@ slot_mapping make_slot_mapping(const packed_layout<Token, Index>& l, tensor_view
 /// differ, or the pool's strides overlap.
 template <class T, class S>
 void write_slots(const slot_mapping& m, tensor_view<S, 3> src, tensor_view<T, 4> pool) {
-  detail::check_view(src, "source", false);
-  detail::check_view(pool, "paged pool", true);
-  detail::require(src.extent[0] == m.slots().size(), "source: ", src.extent[0],
-                  " tokens, the slot "
-                  "mapping has ",
-                  m.slots().size());
-  detail::require(pool.extent[0] == m.n_blocks() && pool.extent[1] == m.block_size(),
-                  "paged pool: ", pool.extent[0], " blocks of ", pool.extent[1],
-                  ", the slot mapping was built for ", m.n_blocks(), " of ", m.block_size());
+  detail::check_slot_write(m, src, pool);
   detail::require(pool.extent[2] == src.extent[1] && pool.extent[3] == src.extent[2],
                   "paged pool: ", pool.extent[2], " heads x ", pool.extent[3],
                   " dims, the source has ", src.extent[1], " x ", src.extent[2]);
@@ -606,13 +616,7 @@ tensor_view<T, 5> split_key_view(T* data, std::size_t n_blocks, std::size_t bloc
 /// (split_key_view). Same placement and errors as the (block, offset, head, dim) form.
 template <class T, class S>
 void write_slots(const slot_mapping& m, tensor_view<S, 3> src, tensor_view<T, 5> pool) {
-  detail::check_view(src, "source", false);
-  detail::check_view(pool, "paged pool", true);
-  detail::require(src.extent[0] == m.slots().size(), "source: ", src.extent[0],
-                  " tokens, the slot mapping has ", m.slots().size());
-  detail::require(pool.extent[0] == m.n_blocks() && pool.extent[1] == m.block_size(),
-                  "paged pool: ", pool.extent[0], " blocks of ", pool.extent[1],
-                  ", the slot mapping was built for ", m.n_blocks(), " of ", m.block_size());
+  detail::check_slot_write(m, src, pool);
   const std::size_t x = pool.extent[4], chunks = pool.extent[3];
   detail::require(pool.extent[2] == src.extent[1] && chunks * x == src.extent[2],
                   "paged pool: ", pool.extent[2], " heads x ", chunks, " x ", x,

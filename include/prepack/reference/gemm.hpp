@@ -122,7 +122,6 @@ struct onednn_bf16 {
     // Both take the weights in the same layout (they differ only in the post-op); if a build
     // ever disagreed, C is zeroed and the accumulating one used.
     if (plain_pd.weights_desc() == sum_pd.weights_desc()) plain = dnnl::matmul(plain_pd);
-    const auto pd = sum_pd;
     std::vector<std::uint16_t> b16(static_cast<std::size_t>(k * n));
     for (std::int64_t r = 0; r < k; ++r) {
       for (std::int64_t c = 0; c < n; ++c) {
@@ -132,7 +131,7 @@ struct onednn_bf16 {
     }
     dnnl::stream s(engine);
     memory src(memory::desc({k, n}, memory::data_type::bf16, {n, 1}), engine, b16.data());
-    weights = memory(pd.weights_desc(), engine);
+    weights = memory(sum_pd.weights_desc(), engine);
     dnnl::reorder(src, weights).execute(s, src, weights);
     s.wait();
   }
