@@ -7,17 +7,17 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
-#include "prepack/workload.hpp"
+#include "support/workload.hpp"
 
 namespace {
 
-std::vector<int> lengths(std::int64_t n, prepack::profile profile = prepack::profile::heavy) {
-  return prepack::generate_lengths(profile, static_cast<std::size_t>(n), 42, 512);
+std::vector<int> lengths(std::int64_t n, support::profile profile = support::profile::heavy) {
+  return support::generate_lengths(profile, static_cast<std::size_t>(n), 42, 512);
 }
 
 // One planner over n prompts of a profile; `plan` maps the lengths to a plan.
 template <class Planner>
-void BM_Plan(benchmark::State& state, Planner plan, prepack::profile profile) {
+void BM_Plan(benchmark::State& state, Planner plan, support::profile profile) {
   const auto len = lengths(state.range(0), profile);
   for (auto _ : state) {
     auto p = plan(len);
@@ -51,24 +51,24 @@ void BM_PlanAndLayout(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK_CAPTURE(BM_Plan, ffd, ffd, prepack::profile::heavy)
+BENCHMARK_CAPTURE(BM_Plan, ffd, ffd, support::profile::heavy)
     ->RangeMultiplier(10)
     ->Range(1000, 1000000)
     ->Unit(benchmark::kMillisecond)
     ->Complexity(benchmark::oNLogN);
-BENCHMARK_CAPTURE(BM_Plan, bfd, bfd, prepack::profile::heavy)
+BENCHMARK_CAPTURE(BM_Plan, bfd, bfd, support::profile::heavy)
     ->RangeMultiplier(10)
     ->Range(1000, 1000000)
     ->Unit(benchmark::kMillisecond)
     ->Complexity(benchmark::oNLogN);
 // Heavy-tailed rows meet the budget at the longest prompt's width; mildly varied ones (all
 // lengths within a factor 1.5 or so) need the bisection.
-BENCHMARK_CAPTURE(BM_Plan, fitted, fitted, prepack::profile::heavy)
+BENCHMARK_CAPTURE(BM_Plan, fitted, fitted, support::profile::heavy)
     ->RangeMultiplier(10)
     ->Range(1000, 1000000)
     ->Unit(benchmark::kMillisecond)
     ->Complexity(benchmark::oNLogN);
-BENCHMARK_CAPTURE(BM_Plan, fitted_mild, fitted, prepack::profile::mild)
+BENCHMARK_CAPTURE(BM_Plan, fitted_mild, fitted, support::profile::mild)
     ->RangeMultiplier(10)
     ->Range(1000, 1000000)
     ->Unit(benchmark::kMillisecond)

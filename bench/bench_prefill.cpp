@@ -59,10 +59,11 @@
 #include "machine.hpp"
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
-#include "prepack/workload.hpp"
 #include "report.hpp"
+#include "support/cli.hpp"
+#include "support/workload.hpp"
 #ifdef PREPACK_BENCH_CHECKPOINTS
-#include "prepack/reference/checkpoint.hpp"
+#include "prepack/checkpoint.hpp"
 #endif
 
 namespace ref = prepack::reference;
@@ -92,7 +93,7 @@ struct model_spec {
 std::unique_ptr<ref::model> build(const model_spec& ms, ref::model_options opt = {}) {
 #ifdef PREPACK_BENCH_CHECKPOINTS
   if (!ms.path.empty()) {
-    return std::make_unique<ref::model>(ms.cfg, ref::load_checkpoint(ms.path).w, opt);
+    return std::make_unique<ref::model>(ms.cfg, prepack::checkpoint::load(ms.path).weights, opt);
   }
 #endif
   return std::make_unique<ref::model>(ms.cfg, 7, opt);
@@ -113,7 +114,7 @@ ref::config make_config(int vocab, int hidden, int layers, int heads, int kv_hea
 
 model_spec checkpoint_spec() {
 #ifdef PREPACK_BENCH_CHECKPOINTS
-  const ref::checkpoint_info info = ref::inspect_checkpoint(g_opt.model_path);
+  const prepack::checkpoint::info info = prepack::checkpoint::inspect(g_opt.model_path);
   return {info.name, info.cfg, g_opt.model_path};
 #else
   throw prepack::error("--model: this build has no checkpoint loader (needs nlohmann-json)");
@@ -184,31 +185,31 @@ struct workload {
 
 std::vector<workload> workloads(int vocab) {
   std::vector<workload> out;
-  for (prepack::profile p : prepack::all_profiles()) {
-    workload w{prepack::profile_name(p),
+  for (support::profile p : support::all_profiles()) {
+    workload w{support::profile_name(p),
                {},
-               prepack::generate_lengths(p, g_opt.dataset, 2024, g_opt.max_len),
+               support::generate_lengths(p, g_opt.dataset, 2024, g_opt.max_len),
                false};
-    w.prompts = prepack::generate_prompts(w.lengths, vocab, 99);
+    w.prompts = support::generate_prompts(w.lengths, vocab, 99);
     out.push_back(std::move(w));
   }
   if (!g_opt.lengths_file.empty()) {
     std::ifstream in(g_opt.lengths_file);
     if (!in) throw prepack::error("cannot open '" + g_opt.lengths_file + "'");
     workload w{"file", {}, {}, false};
-    for (const auto& rec : prepack::read_records(in, g_opt.lengths_file, "length", 1 << 20)) {
+    for (const auto& rec : support::read_records(in, g_opt.lengths_file, "length", 1 << 20)) {
       for (long long v : rec.values) {
         if (v == 0)
           throw prepack::error(g_opt.lengths_file + ":" + std::to_string(rec.line) + ": length 0");
         w.lengths.push_back(static_cast<int>(v));
       }
     }
-    w.prompts = prepack::generate_prompts(w.lengths, vocab, 99);
+    w.prompts = support::generate_prompts(w.lengths, vocab, 99);
     out.push_back(std::move(w));
   }
-  for (prepack::prefix_profile p : prepack::all_prefix_profiles()) {
-    workload w{prepack::prefix_profile_name(p),
-               prepack::generate_prefixed_prompts(p, g_opt.dataset, vocab, 2024),
+  for (support::prefix_profile p : support::all_prefix_profiles()) {
+    workload w{support::prefix_profile_name(p),
+               support::generate_prefixed_prompts(p, g_opt.dataset, vocab, 2024),
                {},
                true};
     if (g_opt.smoke) {  // short prompts for the tiny model
@@ -505,7 +506,7 @@ void register_kernel() {
   const int scale = g_opt.smoke ? 32 : 512;
   std::vector<case_t> cases{
       {"8x" + std::to_string(scale), std::vector<int>(8, scale)},
-      {"heavy-32", prepack::generate_lengths(prepack::profile::heavy_cut, 32, 2024, scale)}};
+      {"heavy-32", support::generate_lengths(support::profile::heavy_cut, 32, 2024, scale)}};
   std::vector<ref::gemm_backend> backends{ref::gemm_backend::eigen};
   if (ref::onednn_available()) backends.push_back(ref::gemm_backend::onednn);
   for (ref::weight_type wt : {ref::weight_type::f32, ref::weight_type::bf16}) {
@@ -513,7 +514,7 @@ void register_kernel() {
     const ref::model* m = keep.back().get();
     for (const case_t& cs : cases) {
       auto prompts = std::make_shared<std::vector<std::vector<int>>>(
-          prepack::generate_prompts(cs.lengths, ms.cfg.vocab, 5));
+          support::generate_prompts(cs.lengths, ms.cfg.vocab, 5));
       auto lengths = std::make_shared<std::vector<int>>(cs.lengths);
       auto alone = std::make_shared<ref::matrix>();
       for (ref::gemm_backend be : backends) {
@@ -567,6 +568,7 @@ void register_kernel() {
               row.workload = cs.name;
               row.backend = bname;
               row.weights = wname;
+              if (wt == ref::weight_type::bf16) row.bf16_path = ref::bf16_path(be).describe();
               row.seconds = best;
               row.tokens_per_s = t.useful / best;
               row.linear_gflops = t.linear_flops / t.linear_seconds / 1e9;
@@ -608,6 +610,17 @@ class collecting_reporter : public benchmark::ConsoleReporter {
   }
 };
 
+// A count flag's value, range-checked: a mistake is a usage_error naming the flag.
+long long count_flag(const char* flag, const std::string& v, long long lo, long long hi) {
+  char* end = nullptr;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || x < lo || x > hi) {
+    throw support::usage_error(std::string(flag) + " '" + v + "' is not an integer in " +
+                               std::to_string(lo) + ".." + std::to_string(hi));
+  }
+  return x;
+}
+
 bool take_flag(const char* arg, const char* name, std::string* value) {
   const std::size_t n = std::strlen(name);
   if (std::strncmp(arg, name, n) != 0) return false;
@@ -617,50 +630,49 @@ bool take_flag(const char* arg, const char* name, std::string* value) {
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::vector<char*> rest{argv[0]};
-  try {
-    for (int i = 1; i < argc; ++i) {
-      std::string v;
-      if (take_flag(argv[i], "--quick", nullptr))
-        g_opt.quick = true;
-      else if (take_flag(argv[i], "--smoke", nullptr))
-        g_opt.smoke = true;
-      else if (take_flag(argv[i], "--kernel", nullptr))
-        g_opt.kernel_only = true;
-      else if (take_flag(argv[i], "--model", &v))
-        g_opt.model_path = v;
-      else if (take_flag(argv[i], "--lengths", &v))
-        g_opt.lengths_file = v;
-      else if (take_flag(argv[i], "--report_dir", &v))
-        g_opt.report_dir = v;
-      else if (take_flag(argv[i], "--dataset", &v))
-        g_opt.dataset = static_cast<std::size_t>(std::stoul(v));
-      else if (take_flag(argv[i], "--max_len", &v))
-        g_opt.max_len = std::stoi(v);
-      else
-        rest.push_back(argv[i]);
-    }
-    if (g_opt.smoke) {
-      g_opt.dataset = std::min<std::size_t>(g_opt.dataset, 12);
-      g_opt.min_passes = 1;
-      g_opt.min_seconds = 0;
-      g_opt.max_len = std::min(g_opt.max_len, 48);
-    }
-    if (!g_opt.kernel_only) register_prefill();
-    if (!g_opt.quick) register_kernel();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_prefill: %s\n", e.what());
-    return 2;
+  for (int i = 1; i < argc; ++i) {
+    std::string v;
+    if (take_flag(argv[i], "--quick", nullptr))
+      g_opt.quick = true;
+    else if (take_flag(argv[i], "--smoke", nullptr))
+      g_opt.smoke = true;
+    else if (take_flag(argv[i], "--kernel", nullptr))
+      g_opt.kernel_only = true;
+    else if (take_flag(argv[i], "--model", &v))
+      g_opt.model_path = v;
+    else if (take_flag(argv[i], "--lengths", &v))
+      g_opt.lengths_file = v;
+    else if (take_flag(argv[i], "--report_dir", &v))
+      g_opt.report_dir = v;
+    else if (take_flag(argv[i], "--dataset", &v))
+      g_opt.dataset = static_cast<std::size_t>(count_flag("--dataset", v, 1, 1 << 20));
+    else if (take_flag(argv[i], "--max_len", &v))
+      g_opt.max_len = static_cast<int>(count_flag("--max_len", v, 8, 1 << 16));
+    else
+      rest.push_back(argv[i]);
   }
+  if (g_opt.smoke) {
+    g_opt.dataset = std::min<std::size_t>(g_opt.dataset, 12);
+    g_opt.min_passes = 1;
+    g_opt.min_seconds = 0;
+    g_opt.max_len = std::min(g_opt.max_len, 48);
+  }
+  if (!g_opt.kernel_only) register_prefill();
+  if (!g_opt.quick) register_kernel();
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
-  const int threads = ref::detail::threads_for(0);
+  const int threads = ref::threads_for(0);
   g_fma_peak = machine::fma_peak_gflops(threads);
   std::printf("FMA peak of %d threads, measured: %.1f GFLOP/s\n", threads, g_fma_peak);
+  std::printf("bf16 weights: %s on eigen%s%s\n",
+              ref::bf16_path(ref::gemm_backend::eigen).describe().c_str(),
+              ref::onednn_available() ? ", " : "",
+              ref::onednn_available()
+                  ? (ref::bf16_path(ref::gemm_backend::onednn).describe() + " on onednn").c_str()
+                  : "");
   const auto cpu0 = machine::cpu_times::now();
   collecting_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
@@ -680,4 +692,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return support::guarded_main("bench_prefill", [&] { return run(argc, argv); });
 }

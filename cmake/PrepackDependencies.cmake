@@ -1,44 +1,95 @@
-# find_package first; on a machine that is online, FetchContent as a fallback. Used by prepack's
-# own tests, benchmarks and examples, and for Eigen by prepack::reference.
+# prepack's dependencies, found with find_package. A missing one stops the configuration with one
+# line saying which Debian package to install (.ci/install-deps installs them all); with
+# -DPREPACK_FETCH_DEPS=ON a missing one is fetched from the internet instead. Nothing here sets a
+# cache entry or a variable of the project that includes prepack.
 include(FetchContent)
 
-macro(prepack_find_eigen)
+# prepack_missing(<what> <debian package> <alternative>): the one-line error.
+function(prepack_missing what package alternative)
+  message(FATAL_ERROR "prepack: ${what} not found: apt-get install ${package} "
+                      "(or .ci/install-deps; ${alternative})")
+endfunction()
+
+# Eigen 3 for prepack::reference. A fetched Eigen is used as headers only (its own CMake project,
+# with its tests and options, is never added).
+function(prepack_require_eigen)
   if(NOT TARGET Eigen3::Eigen)
     find_package(Eigen3 3.3 QUIET NO_MODULE)
   endif()
-  if(NOT TARGET Eigen3::Eigen)
-    message(STATUS "prepack: Eigen3 not found, fetching it")
-    set(EIGEN_BUILD_DOC OFF CACHE BOOL "" FORCE)
-    set(BUILD_TESTING OFF CACHE BOOL "" FORCE)
-    FetchContent_Declare(eigen GIT_REPOSITORY https://gitlab.com/libeigen/eigen.git GIT_TAG 3.4.0
-                         GIT_SHALLOW TRUE)
-    FetchContent_MakeAvailable(eigen)
+  if(TARGET Eigen3::Eigen)
+    return()
   endif()
-endmacro()
+  if(NOT PREPACK_FETCH_DEPS)
+    prepack_missing("Eigen 3" libeigen3-dev
+                    "-DPREPACK_FETCH_DEPS=ON downloads it, -DPREPACK_REFERENCE=OFF builds the core alone")
+  endif()
+  message(STATUS "prepack: Eigen 3 not found, fetching it (PREPACK_FETCH_DEPS)")
+  FetchContent_Declare(prepack_eigen GIT_REPOSITORY https://gitlab.com/libeigen/eigen.git
+                       GIT_TAG 3.4.0 GIT_SHALLOW TRUE)
+  FetchContent_GetProperties(prepack_eigen)
+  if(NOT prepack_eigen_POPULATED)
+    FetchContent_Populate(prepack_eigen)
+  endif()
+  add_library(prepack_fetched_eigen INTERFACE)
+  target_include_directories(prepack_fetched_eigen SYSTEM INTERFACE ${prepack_eigen_SOURCE_DIR})
+  add_library(Eigen3::Eigen ALIAS prepack_fetched_eigen)
+endfunction()
 
-macro(prepack_find_gtest)
+# GoogleTest for prepack's own tests.
+function(prepack_require_gtest)
   if(NOT TARGET GTest::gtest_main)
     find_package(GTest QUIET)
   endif()
-  if(NOT TARGET GTest::gtest_main)
-    message(STATUS "prepack: GoogleTest not found, fetching it")
-    set(INSTALL_GTEST OFF CACHE BOOL "" FORCE)
-    FetchContent_Declare(googletest GIT_REPOSITORY https://github.com/google/googletest.git
-                         GIT_TAG release-1.12.1 GIT_SHALLOW TRUE)
-    FetchContent_MakeAvailable(googletest)
+  if(TARGET GTest::gtest_main)
+    return()
   endif()
-endmacro()
+  if(NOT PREPACK_FETCH_DEPS)
+    prepack_missing(GoogleTest libgtest-dev
+                    "-DPREPACK_FETCH_DEPS=ON downloads it, -DPREPACK_BUILD_TESTS=OFF skips the tests")
+  endif()
+  message(STATUS "prepack: GoogleTest not found, fetching it (PREPACK_FETCH_DEPS)")
+  set(INSTALL_GTEST OFF)
+  FetchContent_Declare(googletest GIT_REPOSITORY https://github.com/google/googletest.git
+                       GIT_TAG release-1.12.1 GIT_SHALLOW TRUE)
+  FetchContent_MakeAvailable(googletest)
+endfunction()
 
-macro(prepack_find_benchmark)
+# Google Benchmark for prepack's own benchmarks.
+function(prepack_require_benchmark)
   if(NOT TARGET benchmark::benchmark)
     find_package(benchmark QUIET)
   endif()
-  if(NOT TARGET benchmark::benchmark)
-    message(STATUS "prepack: Google Benchmark not found, fetching it")
-    set(BENCHMARK_ENABLE_TESTING OFF CACHE BOOL "" FORCE)
-    set(BENCHMARK_ENABLE_INSTALL OFF CACHE BOOL "" FORCE)
-    FetchContent_Declare(benchmark GIT_REPOSITORY https://github.com/google/benchmark.git
-                         GIT_TAG v1.7.1 GIT_SHALLOW TRUE)
-    FetchContent_MakeAvailable(benchmark)
+  if(TARGET benchmark::benchmark)
+    return()
   endif()
-endmacro()
+  if(NOT PREPACK_FETCH_DEPS)
+    prepack_missing("Google Benchmark" libbenchmark-dev
+                    "-DPREPACK_FETCH_DEPS=ON downloads it, -DPREPACK_BUILD_BENCH=OFF skips the benchmarks")
+  endif()
+  message(STATUS "prepack: Google Benchmark not found, fetching it (PREPACK_FETCH_DEPS)")
+  set(BENCHMARK_ENABLE_TESTING OFF)
+  set(BENCHMARK_ENABLE_INSTALL OFF)
+  FetchContent_Declare(benchmark GIT_REPOSITORY https://github.com/google/benchmark.git
+                       GIT_TAG v1.7.1 GIT_SHALLOW TRUE)
+  FetchContent_MakeAvailable(benchmark)
+endfunction()
+
+# nlohmann-json for the examples' JSON output (and prepack::checkpoint, which finds it itself).
+function(prepack_require_json)
+  if(NOT TARGET nlohmann_json::nlohmann_json)
+    find_package(nlohmann_json 3 QUIET)
+  endif()
+  if(TARGET nlohmann_json::nlohmann_json)
+    return()
+  endif()
+  if(NOT PREPACK_FETCH_DEPS)
+    prepack_missing(nlohmann-json nlohmann-json3-dev
+                    "-DPREPACK_FETCH_DEPS=ON downloads it, -DPREPACK_BUILD_EXAMPLES=OFF skips the examples")
+  endif()
+  message(STATUS "prepack: nlohmann-json not found, fetching it (PREPACK_FETCH_DEPS)")
+  set(JSON_BuildTests OFF)
+  set(JSON_Install OFF)
+  FetchContent_Declare(nlohmann_json GIT_REPOSITORY https://github.com/nlohmann/json.git
+                       GIT_TAG v3.11.2 GIT_SHALLOW TRUE)
+  FetchContent_MakeAvailable(nlohmann_json)
+endfunction()

@@ -15,7 +15,8 @@
 
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
-#include "prepack/workload.hpp"
+#include "support/cli.hpp"
+#include "support/workload.hpp"
 
 namespace ref = prepack::reference;
 
@@ -38,7 +39,7 @@ struct engine {
 };
 
 int main() {
-  try {
+  return support::guarded_main("engine_integration", [] {
     ref::config cfg;  // a small Llama-style model: 2 layers, hidden 128, 4 heads / 2 kv heads
     const ref::model model(cfg, 7);
     const engine eng{model};
@@ -46,8 +47,8 @@ int main() {
 
     // The requests waiting for prefill: token ids of very different lengths.
     const std::vector<int> lengths =
-        prepack::generate_lengths(prepack::profile::heavy_cut, 12, 3, 96);
-    const auto prompts = prepack::generate_prompts(lengths, cfg.vocab, 3);
+        support::generate_lengths(support::profile::heavy_cut, 12, 3, 96);
+    const auto prompts = support::generate_prompts(lengths, cfg.vocab, 3);
 
     // 1. prepack: plan. First-fit-decreasing into rows as wide as the longest prompt.
     const auto plan = prepack::first_fit_decreasing(lengths);
@@ -114,8 +115,5 @@ int main() {
     std::printf("\n6. versus each prompt alone: logits max |diff| %.2g, greedy tokens %s\n",
                 static_cast<double>(diff), same ? "identical" : "DIFFER");
     return same && diff < 1e-3f ? 0 : 1;
-  } catch (const prepack::error& e) {
-    std::fprintf(stderr, "engine_integration: %s\n", e.what());
-    return 2;
-  }
+  });
 }

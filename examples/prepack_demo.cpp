@@ -8,31 +8,37 @@
 //   prepack_demo --budget 512         also budgeted steps of at most 512 tokens over a pool
 //   prepack_demo --json               one JSON object on stdout
 //   prepack_demo --help               every flag
+//
+// The program is its steps, one function each: flags, workload, memory admission, the model,
+// the methods, the check against prefilling alone, the reports.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <unistd.h>
 
-#include "cli.hpp"
+#include <nlohmann/json.hpp>
+
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
-#include "prepack/workload.hpp"
-#ifdef PREPACK_DEMO_CHECKPOINTS
-#include "prepack/reference/checkpoint.hpp"
-#endif
+#include "support/cli.hpp"
+#include "support/model_flags.hpp"
+#include "support/workload.hpp"
 
 namespace ref = prepack::reference;
+using json = nlohmann::ordered_json;
 
 namespace {
 
-const char* kHelp = R"(prepack_demo - padded vs prepacked vs budgeted prefill on the reference model
+const char* kUsage =
+    R"(prepack_demo - padded vs prepacked vs budgeted prefill on the reference model
 
 Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1):
   --prompts FILE      one prompt per line, token ids separated by spaces ('#' comments)
@@ -41,18 +47,9 @@ Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1):
   --batch N           prompts to generate (1..100000, default 64)
   --max-len N         the profile's length scale (8..65536, default 512)
   --seed S            workload and weight seed (default 1)
-Model (default: Llama-style, vocab 4096, hidden 256, 4 layers, 8 heads, 2 kv heads,
-       head dim 32, ffn 688, rope theta 10000):
-  --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
-  --rope-theta X
-  --model PATH        a real checkpoint instead: a .gguf file (llama, qwen2) or a Hugging Face
-                      model directory (config.json + safetensors); the workload's token ids
-                      are drawn from its vocabulary
-  --bf16              hold the projection weights in bf16 (activations rounded to bf16,
-                      products accumulated in fp32)
-  --backend auto|eigen|onednn
-                      the GEMM library (default auto: oneDNN when the build has it)
-Method:
+)";
+
+const char* kMethods = R"(Method:
   --capacity N        tokens per packed row (default: the longest prompt); with --max-pad,
                       the widest row allowed
   --max-pad F         widen rows past the longest prompt until pad slots are at most F x the
@@ -69,27 +66,182 @@ Method:
   --prefix            also run prefix-aware prefill: the batch's shared prefixes (found in the
                       token ids) prefilled once, block-aligned, then the suffixes over them;
                       with --budget, in steps of that budget (default: prefixes, then suffixes)
-  --threads N         threads (default: all cores)
   --new-tokens N      greedy tokens per prompt to compare (default 8)
   --repeat N          time each method N times, report the fastest (default 1)
 Output:
   --json              one JSON object on stdout instead of the report
   --logits FILE       write each prompt's last-token logits of the prepacked prefill, raw
                       float32 [n_prompts][vocab] in prompt order
-Exit codes: 0 ok; 1 a method's results disagree with prefilling alone; 2 bad flags or input.
+Exit codes: 0 ok; 1 a method's results disagree with prefilling alone (or an internal error);
+2 bad flags or input.
 )";
 
-// What one method produced: time, memory, per-prompt caches and logits.
+// What the flags ask for, besides the model.
+struct options {
+  support::model_choice model;
+  std::uint64_t seed = 1;
+  bool json = false;
+  int new_tokens = 8, repeat = 1;
+  prepack::packer packer = prepack::packer::first_fit_decreasing;
+  ref::attention path = ref::attention::segment;
+  std::optional<std::size_t> budget;  // --budget: run budgeted steps
+  prepack::chunking policy = prepack::chunking::whole_first;
+  std::size_t block_size = 16;
+  bool prefix = false;
+  std::optional<int> capacity;
+  std::string logits_file;
+};
+
+options parse_flags(const support::args& a) {
+  options o;
+  o.seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, (1ll << 62)));
+  o.model = support::parse_model(a, o.seed);
+  o.json = a.has("--json");
+  o.new_tokens = static_cast<int>(a.integer("--new-tokens", 8, 1, 4096));
+  o.repeat = static_cast<int>(a.integer("--repeat", 1, 1, 100));
+  o.packer = a.choice("--packer", "ffd", {"ffd", "bfd"}) == "bfd"
+                 ? prepack::packer::best_fit_decreasing
+                 : prepack::packer::first_fit_decreasing;
+  o.path = a.choice("--attention", "segment", {"dense", "segment"}) == "dense"
+               ? ref::attention::dense
+               : ref::attention::segment;
+  if (a.has("--budget"))
+    o.budget = static_cast<std::size_t>(a.integer("--budget", 512, 1, 1ll << 30));
+  o.policy = a.choice("--policy", "whole", {"whole", "fill"}) == "fill"
+                 ? prepack::chunking::fill
+                 : prepack::chunking::whole_first;
+  o.block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 16));
+  o.prefix = a.has("--prefix");
+  if (!o.budget && !o.prefix && (a.has("--policy") || a.has("--block-size"))) {
+    throw support::usage_error("--policy and --block-size go with --budget or --prefix");
+  }
+  const long long cap = a.integer("--capacity", 0, 0, 1 << 24);
+  if (a.has("--capacity")) o.capacity = static_cast<int>(cap);
+  o.logits_file = a.str("--logits", "");
+  return o;
+}
+
+// The prompts: from a file, or generated (lengths first, so the memory check comes before any
+// prompt is built).
+struct workload {
+  std::string name;                       // the file, or "profile P, seed S"
+  std::vector<int> lengths;               // [n_prompts]
+  std::vector<std::vector<int>> prompts;  // [n_prompts][length]  empty until make_prompts
+  int longest() const { return *std::max_element(lengths.begin(), lengths.end()); }
+  std::size_t tokens() const {
+    std::size_t n = 0;
+    for (int l : lengths) n += static_cast<std::size_t>(l);
+    return n;
+  }
+};
+
+workload load_workload(const support::args& a, const options& o) {
+  workload w;
+  const int vocab = o.model.cfg.vocab;
+  if (a.has("--prompts")) {
+    if (a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
+      throw support::usage_error(
+          "--prompts cannot be combined with --profile, --batch or --max-len");
+    }
+    const std::string file = a.str("--prompts", "");
+    std::ifstream in(file);
+    if (!in) throw support::usage_error("cannot open '" + file + "'");
+    for (auto& rec : support::read_records(in, file, "token id", vocab)) {
+      w.prompts.emplace_back(rec.values.begin(), rec.values.end());
+      w.lengths.push_back(static_cast<int>(rec.values.size()));
+    }
+    w.name = file;
+    return w;
+  }
+  const std::string name = a.str("--profile", "heavy-cut");
+  const auto n = static_cast<std::size_t>(a.integer("--batch", 64, 1, 100000));
+  support::prefix_profile pp{};
+  if (support::parse_prefix_profile(name, pp)) {
+    if (a.has("--max-len")) throw support::usage_error("--max-len does not apply to " + name);
+    w.prompts = support::generate_prefixed_prompts(pp, n, vocab, o.seed);
+    for (const auto& p : w.prompts) w.lengths.push_back(static_cast<int>(p.size()));
+  } else {
+    const auto profile = support::parse_profile(name);
+    const int max_len = static_cast<int>(a.integer("--max-len", 512, 8, 65536));
+    w.lengths = support::generate_lengths(profile, n, o.seed, max_len);
+  }
+  w.name = "profile " + name + ", seed " + std::to_string(o.seed);
+  return w;
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+// Refuses a workload that cannot fit, before allocating anything for it: the weights, the
+// prompts, and the larger of the two prefills with its layout arrays and the caches.
+void admit(const options& o, const workload& w, const prepack::pack_plan<int>& plan) {
+  const ref::config& c = o.model.cfg;
+  const auto need = [&](std::size_t rows, std::size_t width, ref::attention p) {
+    return static_cast<double>(ref::estimate_prefill_memory(c, rows, width, w.lengths.size(),
+                                                            static_cast<std::size_t>(w.longest()),
+                                                            p, o.model.threads,
+                                                            o.model.options.weights)
+                                   .peak_bytes) +
+           3.0 * static_cast<double>(rows * width * sizeof(int));
+  };
+  const double caches =
+      2.0 * c.n_layers * static_cast<double>(c.kv_dim()) * sizeof(float) *
+      static_cast<double>(w.tokens() + w.lengths.size() *
+                                           (static_cast<std::size_t>(o.new_tokens) + o.block_size));
+  const double peak =
+      ref::weight_bytes(c) + 2.0 * static_cast<double>(w.tokens() * sizeof(int)) + 2 * caches +
+      std::max(need(w.lengths.size(), static_cast<std::size_t>(w.longest()), ref::attention::dense),
+               need(plan.n_rows(), static_cast<std::size_t>(plan.capacity), o.path));
+  const double machine =
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  if (machine > 0 && peak > 0.8 * machine) {
+    throw support::usage_error("this workload needs about " + mib(peak) +
+                               ", more than 80% of the " + mib(machine) +
+                               " of memory here; use fewer or shorter prompts or a smaller model");
+  }
+}
+
+// One untimed pass first: the first pass of a process pays for what every later one reuses
+// (oneDNN generating its kernels, the model's activation buffers, page faults); the method that
+// happens to run first should not be charged for it.
+void warm_up(const ref::model& m, const options& o, int longest) {
+  const std::vector<int> len{std::min(longest, 64), 3};
+  const auto prompts = support::generate_prompts(len, m.cfg().vocab, o.seed + 1);
+  const auto l = prepack::make_layout(prepack::padded(len), prompts, {m.cfg().pad_id, 0});
+  m.prefill(l, {ref::attention::dense, o.model.threads, o.model.backend});
+  m.prefill(l, {ref::attention::segment, o.model.threads, o.model.backend});
+}
+
+// What one method produced: time, memory, per-prompt caches and logits, and how it compares
+// with prefilling each prompt alone.
 struct outcome {
-  std::string name;
+  std::string name;  // padded, prepacked, budgeted, prefix
+  std::string label;
   double seconds = 0;
   std::size_t peak_bytes = 0;
   ref::paged_cache cache;
   ref::matrix logits;
-  float max_kv = 0, max_logits = 0;
-  bool tokens_match = false;
   std::size_t steps = 0, steps_lower_bound = 0, chunked = 0;  // budgeted and prefix only
   std::size_t tokens_computed = 0, prefixes = 0;
+  float max_kv = 0, max_logits = 0;  // from prefilling alone
+  ref::decode_result decoded;        // its greedy continuations
+  bool tokens_match = false;         // identical to alone's, or apart only after a near-tie
+  std::string near_tie;              // where it parted from alone's on a near-tie, if it did
+};
+
+// Every method run, by name.
+struct outcomes {
+  outcome padded, prepacked;
+  std::optional<outcome> budgeted, prefix;
+  std::vector<outcome*> all() {
+    std::vector<outcome*> v{&padded, &prepacked};
+    if (budgeted) v.push_back(&*budgeted);
+    if (prefix) v.push_back(&*prefix);
+    return v;
+  }
 };
 
 template <class F>
@@ -99,437 +251,372 @@ double seconds_of(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Padded or prepacked: plan, layout, one prefill, unpack into per-prompt caches.
-template <class Plan>
-outcome run_rows(const std::string& name, const ref::model& m,
-                 const std::vector<std::vector<int>>& prompts, Plan make_plan,
-                 const ref::prefill_options& opt, int repeat, int new_tokens) {
+// Runs `once` (which fills an outcome and returns it) `repeat` times; keeps the fastest.
+template <class Once>
+outcome fastest(int repeat, Once&& once) {
   outcome best;
   for (int k = 0; k < repeat; ++k) {
-    outcome o;
-    o.name = name;
-    o.seconds = seconds_of([&] {
-      const auto plan = make_plan();
-      const auto layout = prepack::make_layout(plan, prompts, {m.cfg().pad_id, 0});
-      const auto r = m.prefill(layout, opt);
-      o.cache = ref::unpack_caches(m, layout, r, static_cast<std::size_t>(new_tokens));
-      o.peak_bytes = r.memory.peak_bytes;
-      o.logits = r.logits;
-    });
+    outcome o = once();
     if (k == 0 || o.seconds < best.seconds) best = std::move(o);
   }
   return best;
+}
+
+// Padded or prepacked rows: plan, layout, one prefill, unpack into per-prompt caches.
+template <class Plan>
+outcome run_rows(const char* name, const char* label, const ref::model& m, const options& o,
+                 const workload& w, Plan&& make_plan, ref::attention path) {
+  return fastest(o.repeat, [&] {
+    outcome out;
+    out.name = name;
+    out.label = label;
+    out.seconds = seconds_of([&] {
+      const auto plan = make_plan();
+      const auto layout = prepack::make_layout(plan, w.prompts, {m.cfg().pad_id, 0});
+      const auto r = m.prefill(layout, {path, o.model.threads, o.model.backend});
+      out.cache = ref::unpack_caches(m, layout, r, static_cast<std::size_t>(o.new_tokens));
+      out.peak_bytes = r.memory.peak_bytes;
+      out.logits = r.logits;
+    });
+    return out;
+  });
 }
 
 // Budgeted: a schedule of steps of at most `budget` tokens, each a forward pass over the pool
 // that writes K and V straight into it (no packed buffer, no unpack).
-outcome run_budgeted(const ref::model& m, const std::vector<std::vector<int>>& prompts,
-                     const std::vector<int>& len, const prepack::budget_options& bo,
-                     std::size_t block_size, const ref::exec_options& opt, int repeat,
-                     int new_tokens) {
-  outcome best;
-  for (int k = 0; k < repeat; ++k) {
-    outcome o;
-    o.name = "budgeted";
-    std::vector<std::size_t> room;
-    for (int l : len) room.push_back(static_cast<std::size_t>(l + new_tokens));
-    o.seconds = seconds_of([&] {
-      const auto sched = prepack::budgeted_schedule(len, bo);
-      o.cache = ref::make_cache(m.cfg(), room, block_size);
-      const auto run =
-          ref::run_schedule(m, sched, prompts, ref::tables_of(o.cache), o.cache.pool, opt);
-      o.logits = run.item_logits;
-      for (std::size_t i = 0; i < prompts.size(); ++i) o.cache.seqs[i].length = prompts[i].size();
-      o.peak_bytes = o.cache.pool.bytes() + run.workspace_bytes;
-      o.steps = sched.n_steps();
-      o.steps_lower_bound = sched.lower_bound();
-      o.chunked = sched.n_chunked();
-      o.tokens_computed = sched.total_tokens();
+outcome run_budgeted(const ref::model& m, const options& o, const workload& w) {
+  const prepack::budget_options bo{*o.budget, o.policy, prepack::schedule_order::arrival};
+  std::vector<std::size_t> room;
+  for (int l : w.lengths) room.push_back(static_cast<std::size_t>(l + o.new_tokens));
+  return fastest(o.repeat, [&] {
+    outcome out;
+    out.name = "budgeted";
+    out.label = "budgeted steps over a paged pool";
+    out.seconds = seconds_of([&] {
+      const auto sched = prepack::budgeted_schedule(w.lengths, bo);
+      out.cache = ref::make_cache(m.cfg(), room, o.block_size);
+      const auto run = ref::run_schedule(m, sched, w.prompts, ref::tables_of(out.cache),
+                                         out.cache.pool, {o.model.threads, o.model.backend});
+      out.logits = run.item_logits;
+      for (std::size_t i = 0; i < w.prompts.size(); ++i) {
+        out.cache.seqs[i].length = w.prompts[i].size();
+      }
+      out.peak_bytes = out.cache.pool.bytes() + run.workspace_bytes;
+      out.steps = sched.n_steps();
+      out.steps_lower_bound = sched.lower_bound();
+      out.chunked = sched.n_chunked();
+      out.tokens_computed = sched.total_tokens();
     });
-    if (k == 0 || o.seconds < best.seconds) best = std::move(o);
-  }
-  return best;
+    return out;
+  });
 }
 
 // Prefix-aware: the batch's shared prefixes prefilled once, then the suffixes over them, as
 // budgeted steps over a pool whose prefix blocks several block tables share.
-outcome run_prefix(const ref::model& m, const std::vector<std::vector<int>>& prompts,
-                   const prepack::budget_options& bo, std::size_t block_size,
-                   const ref::exec_options& opt, int repeat, int new_tokens) {
-  outcome best;
-  for (int k = 0; k < repeat; ++k) {
-    outcome o;
-    o.name = "prefix";
-    o.seconds = seconds_of([&] {
-      auto run = ref::prefill_with_prefixes(m, prompts, {block_size, block_size, 16}, bo,
-                                            static_cast<std::size_t>(new_tokens), opt);
-      o.cache = std::move(run.cache);
-      o.logits = std::move(run.logits);
-      o.peak_bytes = o.cache.pool.bytes() + run.run.workspace_bytes;
-      o.steps = run.sched.n_steps();
-      o.steps_lower_bound = run.sched.lower_bound();
-      o.chunked = run.sched.n_chunked();
-      o.tokens_computed = run.plan.tokens_computed();
-      o.prefixes = run.plan.n_prefixes();
+outcome run_prefix(const ref::model& m, const options& o, const workload& w) {
+  const prepack::budget_options bo{o.budget.value_or(0), o.policy,
+                                   prepack::schedule_order::arrival};
+  return fastest(o.repeat, [&] {
+    outcome out;
+    out.name = "prefix";
+    out.label = "shared prefixes once, then suffixes";
+    out.seconds = seconds_of([&] {
+      auto run = ref::prefill_with_prefixes(m, w.prompts, {o.block_size, o.block_size, 16}, bo,
+                                            static_cast<std::size_t>(o.new_tokens),
+                                            {o.model.threads, o.model.backend});
+      out.cache = std::move(run.cache);
+      out.logits = std::move(run.logits);
+      out.peak_bytes = out.cache.pool.bytes() + run.run.workspace_bytes;
+      out.steps = run.sched.n_steps();
+      out.steps_lower_bound = run.sched.lower_bound();
+      out.chunked = run.sched.n_chunked();
+      out.tokens_computed = run.plan.tokens_computed();
+      out.prefixes = run.plan.n_prefixes();
     });
-    if (k == 0 || o.seconds < best.seconds) best = std::move(o);
-  }
-  return best;
+    return out;
+  });
 }
 
-std::string mib(std::size_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
-  return buf;
+outcomes run_methods(const ref::model& m, const options& o, const workload& w,
+                     const std::function<prepack::pack_plan<int>()>& packed_plan) {
+  outcomes r;
+  r.padded = run_rows(
+      "padded", "padded (left, dense mask)", m, o, w, [&] { return prepack::padded(w.lengths); },
+      ref::attention::dense);
+  r.prepacked = run_rows(
+      "prepacked",
+      o.path == ref::attention::dense ? "prepacked (dense mask)" : "prepacked (segment attention)",
+      m, o, w, packed_plan, o.path);
+  if (o.budget) r.budgeted = run_budgeted(m, o, w);
+  if (o.prefix) r.prefix = run_prefix(m, o, w);
+  return r;
 }
 
-int demo(int argc, char** argv) {
-  const cli::args a(
-      argc, argv,
-      {"--prompts",    "--profile",  "--batch",  "--max-len",   "--seed",       "--vocab",
-       "--hidden",     "--layers",   "--heads",  "--kv-heads",  "--head-dim",   "--ffn",
-       "--rope-theta", "--capacity", "--packer", "--attention", "--threads",    "--new-tokens",
-       "--repeat",     "--max-pad",  "--budget", "--policy",    "--block-size", "--backend",
-       "--model",      "--logits"},
-      {"--json", "--help", "--prefix", "--bf16"});
-  if (a.has("--help")) {
-    std::cout << kHelp;
-    return 0;
-  }
-  ref::config c;
-  std::string model_line;  // what the report says of a loaded checkpoint
-  std::string model_json;  // and the JSON
-  const std::string model_path = a.str("--model", "");
-  if (!model_path.empty()) {
-#ifdef PREPACK_DEMO_CHECKPOINTS
-    for (const char* flag : {"--vocab", "--hidden", "--layers", "--heads", "--kv-heads",
-                             "--head-dim", "--ffn", "--rope-theta"}) {
-      if (a.has(flag))
-        throw cli::usage_error(std::string(flag) + " cannot be combined with --model");
-    }
-    const ref::checkpoint_info info = ref::inspect_checkpoint(model_path);
-    c = info.cfg;
-    std::string types;
-    for (const auto& [t, n] : info.tensor_types) {
-      types += (types.empty() ? "" : ", ") + t + " x " + std::to_string(n);
-    }
-    char line[512];
-    std::snprintf(line, sizeof line, "%s (%s, %s), %.1fM parameters; tensors %s", info.name.c_str(),
-                  info.architecture.c_str(), info.format.c_str(), info.n_params / 1e6,
-                  types.c_str());
-    model_line = line;
-    model_json = "\"name\": \"" + info.name + "\", \"architecture\": \"" + info.architecture +
-                 "\", \"format\": \"" + info.format +
-                 "\", \"params\": " + std::to_string(static_cast<long long>(info.n_params)) + ", ";
-#else
-    throw cli::usage_error("--model: this build has no checkpoint loader (needs nlohmann-json)");
-#endif
-  } else {
-    c.vocab = static_cast<int>(a.integer("--vocab", 4096, 2, 1 << 20));
-    c.hidden = static_cast<int>(a.integer("--hidden", 256, 1, 1 << 14));
-    c.n_layers = static_cast<int>(a.integer("--layers", 4, 1, 256));
-    c.n_heads = static_cast<int>(a.integer("--heads", 8, 1, 1024));
-    c.n_kv_heads = static_cast<int>(a.integer("--kv-heads", 2, 1, 1024));
-    c.head_dim = static_cast<int>(a.integer("--head-dim", 32, 0, 1024));
-    c.ffn = static_cast<int>(a.integer("--ffn", 688, 1, 1 << 16));
-    c.rope_theta = a.real("--rope-theta", 10000.0, 1.0001, 1e12);
-  }
-  c.validate();
-  const ref::model_options mopt{a.has("--bf16") ? ref::weight_type::bf16 : ref::weight_type::f32};
-  const auto seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, (1ll << 62)));
-  const bool json = a.has("--json");
-  const int threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
-  const int new_tokens = static_cast<int>(a.integer("--new-tokens", 8, 1, 4096));
-  const int repeat = static_cast<int>(a.integer("--repeat", 1, 1, 100));
-  const bool bfd = a.choice("--packer", "ffd", {"ffd", "bfd"}) == "bfd";
-  const auto path = a.choice("--attention", "segment", {"dense", "segment"}) == "dense"
-                        ? ref::attention::dense
-                        : ref::attention::segment;
-  const std::string backend_flag = a.choice("--backend", "auto", {"auto", "eigen", "onednn"});
-  const ref::gemm_backend backend =
-      ref::resolve(backend_flag == "eigen"    ? ref::gemm_backend::eigen
-                   : backend_flag == "onednn" ? ref::gemm_backend::onednn
-                                              : ref::gemm_backend::automatic);
-  const bool budgeted = a.has("--budget");
-  const auto budget = static_cast<std::size_t>(a.integer("--budget", 512, 1, 1ll << 30));
-  const bool fill = a.choice("--policy", "whole", {"whole", "fill"}) == "fill";
-  const auto block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 16));
-  const bool prefix = a.has("--prefix");
-  if (!budgeted && !prefix && (a.has("--policy") || a.has("--block-size"))) {
-    throw cli::usage_error("--policy and --block-size go with --budget or --prefix");
-  }
+// How far a method may be from prefilling alone: fp32, 1e-3 (accumulation order only); bf16
+// weights, 0.5% of the values' scale (activations are rounded to bf16 before every GEMM, so an
+// accumulation-order difference that flips a rounding moves a result by bf16's step).
+struct tolerance {
+  float kv = 1e-3f, logits = 1e-3f;
+};
 
-  // The workload: lengths first, so its memory is checked before any prompt is built.
-  std::vector<std::vector<int>> prompts;
-  std::vector<int> len;
-  std::string workload;
-  if (a.has("--prompts")) {
-    if (a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
-      throw cli::usage_error("--prompts cannot be combined with --profile, --batch or --max-len");
+// Each method against prefilling every prompt alone: the caches, the logits, and the greedy
+// continuations each decodes from its own cache (decoding appends to it). Returns the
+// continuations of the prompts alone.
+ref::decode_result verify(const ref::model& m, const options& o, const workload& w, outcomes& r,
+                          tolerance& tol) {
+  const ref::exec_options exec{o.model.threads, o.model.backend};
+  auto [alone, alone_logits] =
+      ref::prefill_alone(m, w.prompts, static_cast<std::size_t>(o.new_tokens),
+                         {ref::attention::segment, o.model.threads, o.model.backend});
+  if (o.model.options.weights == ref::weight_type::bf16) {
+    float kv_scale = 0;
+    const auto kv = alone.pool.key_view(), vv = alone.pool.value_view();
+    for (std::size_t e = 0; e < kv.extent[0] * kv.stride[0]; ++e) {
+      kv_scale = std::max({kv_scale, std::abs(kv.data[e]), std::abs(vv.data[e])});
     }
-    const std::string file = a.str("--prompts", "");
-    std::ifstream in(file);
-    if (!in) throw cli::usage_error("cannot open '" + file + "'");
-    for (auto& rec : prepack::read_records(in, file, "token id", c.vocab)) {
-      prompts.emplace_back(rec.values.begin(), rec.values.end());
-      len.push_back(static_cast<int>(rec.values.size()));
+    tol.kv = 5e-3f * std::max(1.0f, kv_scale);
+    tol.logits = 5e-3f * std::max(1.0f, alone_logits.cwiseAbs().maxCoeff());
+  }
+  for (outcome* x : r.all()) {
+    x->max_kv = ref::max_abs_diff(alone, x->cache);
+    x->max_logits = (alone_logits - x->logits).cwiseAbs().maxCoeff();
+  }
+  const ref::decode_result want = ref::greedy_decode(m, alone, alone_logits, o.new_tokens, exec);
+  for (outcome* x : r.all()) {
+    x->decoded = ref::greedy_decode(m, x->cache, x->logits, o.new_tokens, exec);
+    x->tokens_match = true;
+    for (std::size_t i = 0; i < want.tokens.size() && x->tokens_match; ++i) {
+      const auto& a = want.tokens[i];
+      const auto& b = x->decoded.tokens[i];
+      const auto k =
+          static_cast<std::size_t>(std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin());
+      if (k == a.size()) continue;
+      // Parting on a near-tie (alone's winner led by less than the logits' bound) is what bf16
+      // rounding may do; anywhere else it is a difference. fp32's bound is 0: none allowed.
+      const float margin = want.margins[i][k];
+      const bool tie = o.model.options.weights == ref::weight_type::bf16 && margin <= tol.logits;
+      x->tokens_match = tie;
+      if (tie && x->near_tie.empty()) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "prompt %zu parts at token %zu on a near-tie (margin %.2g)",
+                      i, k, static_cast<double>(margin));
+        x->near_tie = buf;
+      }
     }
-    workload = file;
-  } else {
-    const std::string name = a.str("--profile", "heavy-cut");
-    const auto n = static_cast<std::size_t>(a.integer("--batch", 64, 1, 100000));
-    prepack::prefix_profile pp{};
-    if (prepack::parse_prefix_profile(name, pp)) {
-      if (a.has("--max-len")) throw cli::usage_error("--max-len does not apply to " + name);
-      prompts = prepack::generate_prefixed_prompts(pp, n, c.vocab, seed);
-      for (const auto& p : prompts) len.push_back(static_cast<int>(p.size()));
-    } else {
-      const auto prof = prepack::parse_profile(name);
-      const int max_len = static_cast<int>(a.integer("--max-len", 512, 8, 65536));
-      len = prepack::generate_lengths(prof, n, seed, max_len);
-    }
-    workload = "profile " + name + ", seed " + std::to_string(seed);
   }
-  const int longest = *std::max_element(len.begin(), len.end());
-  const long long cap_flag = a.integer("--capacity", 0, 0, 1 << 24);
-  if (a.has("--capacity") && cap_flag < longest) {
-    throw cli::usage_error("--capacity " + std::to_string(cap_flag) +
-                           " is below the longest prompt (" + std::to_string(longest) + " tokens)");
-  }
-  const std::optional<int> capacity =
-      cap_flag > 0 ? std::optional<int>(static_cast<int>(cap_flag)) : std::nullopt;
+  return want;
+}
 
-  const auto kind =
-      bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing;
-  const bool fit = a.has("--max-pad");
-  const auto make_packed_plan = [&] { return cli::plan_from_flags(a, kind, len, capacity); };
-  // The plan, for the report (the timed runs plan again: planning is part of the cost).
-  const auto plan = make_packed_plan();
-  const std::size_t useful = plan.useful_tokens();
-  const std::size_t padded_slots = len.size() * static_cast<std::size_t>(longest);
+bool agrees(const outcome& x, const tolerance& tol) {
+  return x.tokens_match && x.max_kv <= tol.kv && x.max_logits <= tol.logits;
+}
 
-  // Refuse a workload that cannot fit, before allocating anything for it: the weights, the
-  // prompts, and the larger of the two prefills with its layout arrays and the caches.
-  const auto need = [&](std::size_t rows, std::size_t width, ref::attention p) {
-    return static_cast<double>(ref::estimate_prefill_memory(c, rows, width, len.size(),
-                                                            static_cast<std::size_t>(longest), p,
-                                                            threads)
-                                   .peak_bytes) +
-           3.0 * static_cast<double>(rows * width * sizeof(int));
-  };
-  const double caches =
-      2.0 * c.n_layers * static_cast<double>(c.kv_dim()) * sizeof(float) *
-      static_cast<double>(useful +
-                          len.size() * (static_cast<std::size_t>(new_tokens) + block_size));
-  const double peak_need =
-      ref::weight_bytes(c) + 2.0 * static_cast<double>(useful * sizeof(int)) + 2 * caches +
-      std::max(need(len.size(), static_cast<std::size_t>(longest), ref::attention::dense),
-               need(plan.n_rows(), static_cast<std::size_t>(plan.capacity), path));
-  const double machine =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (machine > 0 && peak_need > 0.8 * machine) {
-    throw cli::usage_error("this workload needs about " + mib(static_cast<std::size_t>(peak_need)) +
-                           ", more than 80% of the " + mib(static_cast<std::size_t>(machine)) +
-                           " of memory here; use fewer or shorter prompts or a smaller model");
+// The prepacked prefill's last-token logits, raw float32 [n_prompts][vocab] in prompt order.
+void write_logits(const std::string& file, const ref::matrix& lg) {
+  std::ofstream out(file, std::ios::binary);
+  if (!out) throw support::usage_error("cannot write '" + file + "'");
+  for (Eigen::Index i = 0; i < lg.rows(); ++i) {
+    out.write(reinterpret_cast<const char*>(lg.row(i).data()),
+              static_cast<std::streamsize>(sizeof(float) * static_cast<std::size_t>(lg.cols())));
   }
-  if (prompts.empty()) prompts = prepack::generate_prompts(len, c.vocab, seed);
-#ifdef PREPACK_DEMO_CHECKPOINTS
-  const ref::model m = model_path.empty() ? ref::model(c, seed, mopt)
-                                          : ref::model(c, ref::load_checkpoint(model_path).w, mopt);
-#else
-  const ref::model m(c, seed, mopt);
-#endif
-  const ref::exec_options exec{threads, backend};
+  if (!out) throw support::usage_error("cannot write '" + file + "'");
+}
 
-  // One untimed pass first: the first pass of a process pays for what every later one reuses
-  // (oneDNN generating its kernels, the model's activation buffers, page faults); the method that
-  // happens to run first should not be charged for it.
-  {
-    const std::vector<int> warm_len{std::min(longest, 64), 3};
-    const auto warm = prepack::generate_prompts(warm_len, c.vocab, seed + 1);
-    const auto l = prepack::make_layout(prepack::padded(warm_len), warm, {c.pad_id, 0});
-    m.prefill(l, {ref::attention::dense, threads, backend});
-    m.prefill(l, {ref::attention::segment, threads, backend});
-  }
-  std::vector<outcome> methods;
-  methods.push_back(run_rows(
-      "padded", m, prompts, [&] { return prepack::padded(len); },
-      {ref::attention::dense, threads, backend}, repeat, new_tokens));
-  methods.push_back(run_rows("prepacked", m, prompts, make_packed_plan, {path, threads, backend},
-                             repeat, new_tokens));
-  if (budgeted) {
-    const prepack::budget_options bo{
-        budget, fill ? prepack::chunking::fill : prepack::chunking::whole_first,
-        prepack::schedule_order::arrival};
-    methods.push_back(run_budgeted(m, prompts, len, bo, block_size, exec, repeat, new_tokens));
-  }
-  if (prefix) {
-    const prepack::budget_options bo{
-        budgeted ? budget : 0, fill ? prepack::chunking::fill : prepack::chunking::whole_first,
-        prepack::schedule_order::arrival};
-    methods.push_back(run_prefix(m, prompts, bo, block_size, exec, repeat, new_tokens));
-  }
-  auto [alone, alone_logits] = ref::prefill_alone(m, prompts, static_cast<std::size_t>(new_tokens),
-                                                  {ref::attention::segment, threads, backend});
-  const int n_threads = ref::detail::threads_for(threads);
-  bool agree = true;
+// What the report says about the plan and the schedules.
+struct plan_facts {
+  prepack::pack_plan<int> plan;
+  bool fitted = false;
+  std::string max_pad;              // --max-pad's text
+  std::size_t padded_slots = 0;     // n_prompts x longest
+  std::size_t distinct_tokens = 0;  // the prefix index's (prefix runs only)
+};
+
+json report_json(const options& o, const workload& w, const plan_facts& f, outcomes& r,
+                 const ref::decode_result& alone, const tolerance& tol) {
+  const std::size_t useful = w.tokens();
+  json j;
+  j["workload"] = w.name;
+  j["n_prompts"] = w.lengths.size();
+  j["useful_tokens"] = useful;
+  j["padded_tokens"] = f.padded_slots;
+  j["n_rows"] = f.plan.n_rows();
+  j["packed_slots"] = f.plan.slots();
+  j["capacity"] = f.plan.capacity;
+  j["packer"] = o.packer == prepack::packer::best_fit_decreasing ? "bfd" : "ffd";
+  j["attention"] = o.path == ref::attention::dense ? "dense" : "segment";
+  j["threads"] = ref::threads_for(o.model.threads);
+  j["backend"] = ref::backend_name(o.model.backend);
+  j["seconds_padded"] = r.padded.seconds;
+  j["seconds_prepacked"] = r.prepacked.seconds;
+  j["speedup"] = r.padded.seconds / r.prepacked.seconds;
+  j["peak_bytes_padded"] = r.padded.peak_bytes;
+  j["peak_bytes_prepacked"] = r.prepacked.peak_bytes;
+  j["memory_ratio"] =
+      static_cast<double>(r.padded.peak_bytes) / static_cast<double>(r.prepacked.peak_bytes);
+  json& methods = j["methods"];
   float max_kv = 0, max_lg = 0;
-  for (outcome& o : methods) {
-    o.max_kv = ref::max_abs_diff(alone, o.cache);
-    o.max_logits = (alone_logits - o.logits).cwiseAbs().maxCoeff();
-    max_kv = std::max(max_kv, o.max_kv);
-    max_lg = std::max(max_lg, o.max_logits);
-  }
-  // Greedy continuations, each from its own cache (decoding appends to it).
-  const auto want = ref::greedy_decode(m, alone, alone_logits, new_tokens, exec);
-  std::vector<ref::decode_result> decoded;
-  for (outcome& o : methods) {
-    decoded.push_back(ref::greedy_decode(m, o.cache, o.logits, new_tokens, exec));
-    o.tokens_match = decoded.back().tokens == want.tokens;
-    agree = agree && o.tokens_match && o.max_kv <= 1e-3f && o.max_logits <= 1e-3f;
-  }
-  if (a.has("--logits")) {
-    const std::string file = a.str("--logits", "");
-    std::ofstream out(file, std::ios::binary);
-    if (!out) throw cli::usage_error("cannot write '" + file + "'");
-    const ref::matrix& lg = methods[1].logits;  // the prepacked prefill's, prompt order
-    for (Eigen::Index i = 0; i < lg.rows(); ++i) {
-      out.write(reinterpret_cast<const char*>(lg.row(i).data()),
-                static_cast<std::streamsize>(sizeof(float) * static_cast<std::size_t>(lg.cols())));
+  bool all_agree = true;
+  for (outcome* x : r.all()) {
+    json m;
+    m["seconds"] = x->seconds;
+    m["peak_bytes"] = x->peak_bytes;
+    m["max_abs_diff_kv"] = x->max_kv;
+    m["max_abs_diff_logits"] = x->max_logits;
+    m["greedy_tokens_match"] = x->tokens_match;
+    if (!x->near_tie.empty()) m["near_tie"] = x->near_tie;
+    if (x->name == "budgeted" || x->name == "prefix") {
+      m["budget"] = x->name == "prefix" && !o.budget ? 0 : o.budget.value_or(0);
+      m["policy"] = o.policy == prepack::chunking::fill ? "fill" : "whole";
+      m["block_size"] = o.block_size;
+      m["steps"] = x->steps;
+      m["steps_lower_bound"] = x->steps_lower_bound;
+      m["chunked_prompts"] = x->chunked;
+      m["tokens_computed"] = x->tokens_computed;
+      m["useful_tokens"] = useful;
     }
-    if (!out) throw cli::usage_error("cannot write '" + file + "'");
-  }
-  const outcome& padded = methods[0];
-  const outcome& packed = methods[1];
-  const double speedup = padded.seconds / packed.seconds;
-  const double mem_ratio =
-      static_cast<double>(padded.peak_bytes) / static_cast<double>(packed.peak_bytes);
-
-  if (json) {
-    std::ostringstream js;
-    char buf[1024];
-    std::snprintf(buf, sizeof buf,
-                  "{\"workload\": \"%s\", \"n_prompts\": %zu, \"useful_tokens\": %zu, "
-                  "\"padded_tokens\": %zu, \"n_rows\": %zu, \"packed_slots\": %zu, \"capacity\": "
-                  "%d, \"packer\": \"%s\", \"attention\": \"%s\", \"threads\": %d, \"backend\": "
-                  "\"%s\", \"seconds_padded\": %.6f, \"seconds_prepacked\": %.6f, \"speedup\": "
-                  "%.4f, \"peak_bytes_padded\": %zu, \"peak_bytes_prepacked\": %zu, "
-                  "\"memory_ratio\": %.4f, ",
-                  workload.c_str(), len.size(), useful, padded_slots, plan.n_rows(), plan.slots(),
-                  plan.capacity, bfd ? "bfd" : "ffd",
-                  path == ref::attention::dense ? "dense" : "segment", n_threads,
-                  ref::backend_name(backend), padded.seconds, packed.seconds, speedup,
-                  padded.peak_bytes, packed.peak_bytes, mem_ratio);
-    js << buf << "\"methods\": {";
-    for (std::size_t k = 0; k < methods.size(); ++k) {
-      const outcome& o = methods[k];
-      std::snprintf(buf, sizeof buf,
-                    "%s\"%s\": {\"seconds\": %.6f, \"peak_bytes\": %zu, \"max_abs_diff_kv\": %.3g, "
-                    "\"max_abs_diff_logits\": %.3g, \"greedy_tokens_match\": %s",
-                    k ? ", " : "", o.name.c_str(), o.seconds, o.peak_bytes,
-                    static_cast<double>(o.max_kv), static_cast<double>(o.max_logits),
-                    o.tokens_match ? "true" : "false");
-      js << buf;
-      if (o.name == "budgeted" || o.name == "prefix") {
-        std::snprintf(buf, sizeof buf,
-                      ", \"budget\": %zu, \"policy\": \"%s\", \"block_size\": %zu, \"steps\": %zu, "
-                      "\"steps_lower_bound\": %zu, \"chunked_prompts\": %zu, \"tokens_computed\": "
-                      "%zu, \"useful_tokens\": %zu",
-                      o.name == "prefix" && !budgeted ? 0 : budget, fill ? "fill" : "whole",
-                      block_size, o.steps, o.steps_lower_bound, o.chunked, o.tokens_computed,
-                      useful);
-        js << buf;
-      }
-      if (o.name == "prefix") {
-        std::snprintf(buf, sizeof buf, ", \"prefixes\": %zu, \"distinct_tokens\": %zu", o.prefixes,
-                      prepack::prefix_index<int>(prompts).distinct_tokens());
-        js << buf;
-      }
-      js << "}";
+    if (x->name == "prefix") {
+      m["prefixes"] = x->prefixes;
+      m["distinct_tokens"] = f.distinct_tokens;
     }
-    std::snprintf(buf, sizeof buf,
-                  "}, \"max_abs_diff_kv\": %.3g, \"max_abs_diff_logits\": %.3g, "
-                  "\"greedy_tokens_match\": %s, \"model\": {%s\"weights\": \"%s\", \"vocab\": %d, "
-                  "\"hidden\": %d, "
-                  "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"head_dim\": %d, \"ffn\": %d, "
-                  "\"rope_theta\": %g}}\n",
-                  static_cast<double>(max_kv), static_cast<double>(max_lg),
-                  agree ? "true" : "false", model_json.c_str(), ref::weight_type_name(mopt.weights),
-                  c.vocab, c.hidden, c.n_layers, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn,
-                  c.rope_theta);
-    js << buf;
-    std::fputs(js.str().c_str(), stdout);
-    return agree ? 0 : 1;
+    methods[x->name] = std::move(m);
+    max_kv = std::max(max_kv, x->max_kv);
+    max_lg = std::max(max_lg, x->max_logits);
+    all_agree = all_agree && agrees(*x, tol);
   }
+  j["max_abs_diff_kv"] = max_kv;
+  j["max_abs_diff_logits"] = max_lg;
+  j["tolerance"] = {{"kv", tol.kv}, {"logits", tol.logits}};
+  j["greedy_tokens_match"] = all_agree;
+  j["model"] = support::describe_json(o.model);
+  j["greedy_tokens"] = alone.tokens;  // [n_prompts][new_tokens]  every method's, when they match
+  return j;
+}
 
-  std::printf("prepack demo: %zu prompts (%s), lengths %d..%d, %zu tokens\n", len.size(),
-              workload.c_str(), *std::min_element(len.begin(), len.end()), longest, useful);
-  if (!model_line.empty()) std::printf("checkpoint: %s\n", model_line.c_str());
-  std::printf(
-      "model: %d layers, hidden %d, %d heads / %d kv heads x %d, ffn %d, vocab %d; %s weights; "
-      "%d threads, %s GEMMs\n\n",
-      c.n_layers, c.hidden, c.n_heads, c.n_kv_heads, c.head_size(), c.ffn, c.vocab,
-      ref::weight_type_name(mopt.weights), n_threads, ref::backend_name(backend));
+void report_text(const options& o, const workload& w, const plan_facts& f, outcomes& r,
+                 const ref::decode_result& alone, const tolerance& tol) {
+  const std::size_t useful = w.tokens();
+  std::printf("prepack demo: %zu prompts (%s), lengths %d..%d, %zu tokens\n", w.lengths.size(),
+              w.name.c_str(), *std::min_element(w.lengths.begin(), w.lengths.end()), w.longest(),
+              useful);
+  std::printf("%s\n\n", support::describe(o.model).c_str());
+  const bool bfd = o.packer == prepack::packer::best_fit_decreasing;
   std::printf("plan (%s, capacity %d%s): %zu rows, %zu slots, fill %.1f%%\n",
-              bfd ? "best-fit" : "first-fit", plan.capacity,
-              fit ? (" fitted to --max-pad " + a.str("--max-pad", "")).c_str() : "", plan.n_rows(),
-              plan.slots(),
-              100.0 * static_cast<double>(useful) / static_cast<double>(plan.slots()));
+              bfd ? "best-fit" : "first-fit", f.plan.capacity,
+              f.fitted ? (" fitted to --max-pad " + f.max_pad).c_str() : "", f.plan.n_rows(),
+              f.plan.slots(),
+              100.0 * static_cast<double>(useful) / static_cast<double>(f.plan.slots()));
   std::printf("  padding computes %zu slots (%.2fx the useful tokens), prepacking %zu (%.2fx)\n",
-              padded_slots, static_cast<double>(padded_slots) / static_cast<double>(useful),
-              plan.slots(), static_cast<double>(plan.slots()) / static_cast<double>(useful));
-  if (budgeted) {
-    const outcome& b = methods[2];
+              f.padded_slots, static_cast<double>(f.padded_slots) / static_cast<double>(useful),
+              f.plan.slots(), static_cast<double>(f.plan.slots()) / static_cast<double>(useful));
+  if (r.budgeted) {
     std::printf(
         "  budgeted (%s, %zu tokens a step, blocks of %zu): %zu steps, lower bound %zu, "
         "%zu prompts chunked, no pad slot\n",
-        fill ? "fill" : "whole prompts first", budget, block_size, b.steps, b.steps_lower_bound,
-        b.chunked);
+        o.policy == prepack::chunking::fill ? "fill" : "whole prompts first", *o.budget,
+        o.block_size, r.budgeted->steps, r.budgeted->steps_lower_bound, r.budgeted->chunked);
   }
-  for (const outcome& o : methods) {
-    if (o.name != "prefix") continue;
+  if (r.prefix) {
     std::printf(
         "  prefix-aware (blocks of %zu): %zu shared prefixes prefilled once; %zu of %zu tokens "
         "computed (%zu distinct), %zu steps\n",
-        block_size, o.prefixes, o.tokens_computed, useful,
-        prepack::prefix_index<int>(prompts).distinct_tokens(), o.steps);
+        o.block_size, r.prefix->prefixes, r.prefix->tokens_computed, useful, f.distinct_tokens,
+        r.prefix->steps);
   }
   std::printf("\n%-36s %8s %12s %10s %10s\n", "", "seconds", "peak memory", "vs padded", "memory");
-  const auto label = [&](const outcome& o) {
-    if (o.name == "padded") return "padded (left, dense mask)";
-    if (o.name == "prepacked") {
-      return path == ref::attention::dense ? "prepacked (dense mask)"
-                                           : "prepacked (segment attention)";
-    }
-    if (o.name == "budgeted") return "budgeted steps over a paged pool";
-    return "shared prefixes once, then suffixes";
-  };
-  for (const outcome& o : methods) {
-    std::printf("%-36s %8.3f %12s %9.2fx %9.2fx\n", label(o), o.seconds, mib(o.peak_bytes).c_str(),
-                padded.seconds / o.seconds,
-                static_cast<double>(padded.peak_bytes) / static_cast<double>(o.peak_bytes));
+  for (const outcome* x : r.all()) {
+    std::printf("%-36s %8.3f %12s %9.2fx %9.2fx\n", x->label.c_str(), x->seconds,
+                mib(static_cast<double>(x->peak_bytes)).c_str(), r.padded.seconds / x->seconds,
+                static_cast<double>(r.padded.peak_bytes) / static_cast<double>(x->peak_bytes));
   }
-  std::printf("\nmax |difference| from prefilling each prompt alone:\n");
-  for (const outcome& o : methods) {
-    std::printf("  %-10s KV %.2g, last-token logits %.2g\n", (o.name + ":").c_str(),
-                static_cast<double>(o.max_kv), static_cast<double>(o.max_logits));
+  if (o.model.options.weights == ref::weight_type::bf16) {
+    std::printf(
+        "\nmax |difference| from prefilling each prompt alone (bf16 bound: KV %.2g, "
+        "logits %.2g, 0.5%% of their scale):\n",
+        static_cast<double>(tol.kv), static_cast<double>(tol.logits));
+  } else {
+    std::printf("\nmax |difference| from prefilling each prompt alone:\n");
   }
-  std::printf("\ngreedy continuations (%d tokens), first prompts:\n", new_tokens);
-  for (std::size_t i = 0; i < std::min<std::size_t>(3, len.size()); ++i) {
+  for (const outcome* x : r.all()) {
+    std::printf("  %-10s KV %.2g, last-token logits %.2g\n", (x->name + ":").c_str(),
+                static_cast<double>(x->max_kv), static_cast<double>(x->max_logits));
+  }
+  std::printf("\ngreedy continuations (%d tokens), first prompts:\n", o.new_tokens);
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, w.lengths.size()); ++i) {
     const auto show = [&](const std::string& name, const std::vector<int>& t) {
       std::printf("  prompt %zu %-10s", i, name.c_str());
       for (int x : t) std::printf(" %d", x);
       std::printf("\n");
     };
-    show("alone", want.tokens[i]);
-    for (std::size_t k = 0; k < methods.size(); ++k) show(methods[k].name, decoded[k].tokens[i]);
+    show("alone", alone.tokens[i]);
+    for (const outcome* x : r.all()) show(x->name, x->decoded.tokens[i]);
   }
   std::string names = "alone";
-  for (const outcome& o : methods) names += (&o == &methods.back() ? " and " : ", ") + o.name;
   bool match = true;
-  for (const outcome& o : methods) match = match && o.tokens_match;
-  std::printf("greedy tokens of all %zu prompts: %s\n", len.size(),
-              match ? ("identical across " + names).c_str() : "DIFFER");
+  const auto all = r.all();
+  for (const outcome* x : all) {
+    names += (x == all.back() ? " and " : ", ") + x->name;
+    match = match && x->tokens_match;
+  }
+  bool ties = false;
+  for (const outcome* x : all) ties = ties || !x->near_tie.empty();
+  std::printf("greedy tokens of all %zu prompts: %s%s\n", w.lengths.size(),
+              match ? ("identical across " + names).c_str() : "DIFFER",
+              match && ties ? ", apart from near-ties bf16 rounding may flip:" : "");
+  for (const outcome* x : all) {
+    if (!x->near_tie.empty()) std::printf("  %s: %s\n", x->name.c_str(), x->near_tie.c_str());
+  }
+}
+
+int demo(int argc, char** argv) {
+  const support::args a(
+      argc, argv,
+      support::with({"--prompts", "--profile", "--batch", "--max-len", "--seed", "--capacity",
+                     "--packer", "--attention", "--new-tokens", "--repeat", "--max-pad", "--budget",
+                     "--policy", "--block-size", "--logits"},
+                    support::model_valued_flags()),
+      support::with({"--json", "--help", "--prefix"}, support::model_switches()));
+  if (a.has("--help")) {
+    std::cout << kUsage << support::model_help() << kMethods;
+    return 0;
+  }
+  const options o = parse_flags(a);
+  workload w = load_workload(a, o);
+  if (o.capacity && *o.capacity < w.longest()) {
+    throw support::usage_error("--capacity " + std::to_string(*o.capacity) +
+                               " is below the longest prompt (" + std::to_string(w.longest()) +
+                               " tokens)");
+  }
+  const std::optional<int> capacity =
+      o.capacity && *o.capacity > 0 ? o.capacity : std::optional<int>();
+  const auto packed_plan = [&] {
+    return support::plan_from_flags(a, o.packer, w.lengths, capacity);
+  };
+  plan_facts facts;
+  facts.plan = packed_plan();  // for the report (the timed runs plan again: it is part of the cost)
+  facts.fitted = a.has("--max-pad");
+  facts.max_pad = a.str("--max-pad", "");
+  facts.padded_slots = w.lengths.size() * static_cast<std::size_t>(w.longest());
+  admit(o, w, facts.plan);
+  if (w.prompts.empty())
+    w.prompts = support::generate_prompts(w.lengths, o.model.cfg.vocab, o.seed);
+  if (o.prefix) facts.distinct_tokens = prepack::prefix_index<int>(w.prompts).distinct_tokens();
+
+  const ref::model m = support::build_model(o.model);
+  warm_up(m, o, w.longest());
+  outcomes r = run_methods(m, o, w, packed_plan);
+  tolerance tol;
+  const ref::decode_result alone = verify(m, o, w, r, tol);
+  if (!o.logits_file.empty()) write_logits(o.logits_file, r.prepacked.logits);
+
+  bool agree = true;
+  for (const outcome* x : r.all()) agree = agree && agrees(*x, tol);
+  if (o.json) {
+    std::cout << report_json(o, w, facts, r, alone, tol)
+                     .dump(-1, ' ', false, json::error_handler_t::replace)
+              << "\n";
+  } else {
+    report_text(o, w, facts, r, alone, tol);
+  }
   if (!agree)
     std::fprintf(stderr, "prepack_demo: a method's results disagree with prefilling alone\n");
   return agree ? 0 : 1;
@@ -538,5 +625,5 @@ int demo(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return cli::guarded_main("prepack_demo", [&] { return demo(argc, argv); });
+  return support::guarded_main("prepack_demo", [&] { return demo(argc, argv); });
 }

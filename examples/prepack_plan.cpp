@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include <nlohmann/json.hpp>
+
 #include "prepack/prepack.hpp"
-#include "prepack/workload.hpp"
+#include "support/cli.hpp"
+#include "support/workload.hpp"
 
 namespace {
 
@@ -39,8 +41,8 @@ struct named_plan {
 };
 
 int run(int argc, char** argv) {
-  const cli::args a(argc, argv, {"--lengths", "--capacity", "--packer", "--format", "--max-pad"},
-                    {"--help"});
+  const support::args a(
+      argc, argv, {"--lengths", "--capacity", "--packer", "--format", "--max-pad"}, {"--help"});
   if (a.has("--help")) {
     std::cout << kHelp;
     return 0;
@@ -53,12 +55,12 @@ int run(int argc, char** argv) {
   std::ifstream f;
   if (file != "-") {
     f.open(file);
-    if (!f) throw cli::usage_error("cannot open '" + file + "'");
+    if (!f) throw support::usage_error("cannot open '" + file + "'");
   }
   std::istream& in = file == "-" ? std::cin : f;
   const std::string source = file == "-" ? "<stdin>" : file;
   std::vector<long long> len;
-  for (const auto& rec : prepack::read_records(in, source, "length", 1ll << 40)) {
+  for (const auto& rec : support::read_records(in, source, "length", 1ll << 40)) {
     for (long long v : rec.values) {
       if (v == 0) {
         throw prepack::error(source + ":" + std::to_string(rec.line) + ": prompt " +
@@ -73,7 +75,7 @@ int run(int argc, char** argv) {
   for (const auto& [name, kind] : {std::pair{"ffd", prepack::packer::first_fit_decreasing},
                                    std::pair{"bfd", prepack::packer::best_fit_decreasing}}) {
     if (which == "both" || which == name) {
-      plans.push_back({name, cli::plan_from_flags(a, kind, len, capacity)});
+      plans.push_back({name, support::plan_from_flags(a, kind, len, capacity)});
     }
   }
 
@@ -92,29 +94,33 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (format == "json") {
-    std::printf(
-        "{\"n_prompts\": %zu, \"useful_tokens\": %.0f, \"longest\": %lld, \"padded_slots\": %.0f, "
-        "\"plans\": {",
-        len.size(), useful, longest, padded);
-    for (std::size_t k = 0; k < plans.size(); ++k) {
-      const auto& p = plans[k].plan;
-      std::printf(
-          "%s\"%s\": {\"capacity\": %lld, \"n_rows\": %zu, \"slots\": %zu, \"fill\": %.6f, "
-          "\"padded_over_packed\": %.6f, \"rows\": [",
-          k ? ", " : "", plans[k].name, p.capacity, p.n_rows(), p.slots(),
-          useful / static_cast<double>(p.slots()), padded / static_cast<double>(p.slots()));
+    nlohmann::ordered_json j;
+    j["n_prompts"] = len.size();
+    j["useful_tokens"] = plans.front().plan.useful_tokens();
+    j["longest"] = longest;
+    j["padded_slots"] = len.size() * static_cast<std::size_t>(longest);
+    for (const auto& np : plans) {
+      const auto& p = np.plan;
+      nlohmann::ordered_json pj;
+      pj["capacity"] = p.capacity;
+      pj["n_rows"] = p.n_rows();
+      pj["slots"] = p.slots();
+      pj["fill"] = useful / static_cast<double>(p.slots());
+      pj["padded_over_packed"] = padded / static_cast<double>(p.slots());
+      pj["rows"] = nlohmann::ordered_json::array();
       for (std::size_t r = 0; r < p.n_rows(); ++r) {
-        std::printf("%s{\"fill\": %lld, \"prompts\": [", r ? ", " : "", p.fill[r]);
-        for (std::size_t j = p.row_begin[r]; j < p.row_begin[r + 1]; ++j) {
-          const std::size_t i = p.row_prompts[j];
-          std::printf("%s[%zu, %lld, %lld]", j > p.row_begin[r] ? ", " : "", i, p.offset[i],
-                      p.length[i]);
+        nlohmann::ordered_json row;
+        row["fill"] = p.fill[r];
+        row["prompts"] = nlohmann::ordered_json::array();
+        for (std::size_t k = p.row_begin[r]; k < p.row_begin[r + 1]; ++k) {
+          const std::size_t i = p.row_prompts[k];
+          row["prompts"].push_back({i, p.offset[i], p.length[i]});
         }
-        std::printf("]}");
+        pj["rows"].push_back(std::move(row));
       }
-      std::printf("]}");
+      j["plans"][np.name] = std::move(pj);
     }
-    std::printf("}}\n");
+    std::cout << j.dump() << "\n";
     return 0;
   }
   std::printf("%zu prompts, %.0f tokens, longest %lld\n", len.size(), useful, longest);
@@ -134,5 +140,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  return cli::guarded_main("prepack_plan", [&] { return run(argc, argv); });
+  return support::guarded_main("prepack_plan", [&] { return run(argc, argv); });
 }

@@ -16,22 +16,23 @@
 
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
-#include "prepack/workload.hpp"
+#include "support/cli.hpp"
+#include "support/workload.hpp"
 
 namespace ref = prepack::reference;
 
 int main() {
-  try {
+  return support::guarded_main("varlen_engine", [] {
     ref::config cfg;  // a small Llama-style model: 2 layers, hidden 128, 4 heads / 2 kv heads
     const ref::model model(cfg, 7);
     const int new_tokens = 6;
     const std::size_t budget = 64, block_size = 8;
 
     // 1. The requests: token ids of very different lengths, two longer than the budget.
-    std::vector<int> lengths = prepack::generate_lengths(prepack::profile::heavy_cut, 10, 5, 96);
+    std::vector<int> lengths = support::generate_lengths(support::profile::heavy_cut, 10, 5, 96);
     lengths[3] = 150;
     lengths[7] = 97;
-    const auto prompts = prepack::generate_prompts(lengths, cfg.vocab, 5);
+    const auto prompts = support::generate_prompts(lengths, cfg.vocab, 5);
     const std::vector<std::int64_t> request_ids{101, 102, 103, 104, 105, 106, 107, 108, 109, 110};
 
     // 2. The engine's block manager hands out blocks for prompt + generated tokens.
@@ -98,8 +99,5 @@ int main() {
     std::printf("5. versus each prompt alone: logits max |diff| %.2g, greedy tokens %s\n",
                 static_cast<double>(diff), same ? "identical" : "DIFFER");
     return same && diff < 1e-3f ? 0 : 1;
-  } catch (const prepack::error& e) {
-    std::fprintf(stderr, "varlen_engine: %s\n", e.what());
-    return 2;
-  }
+  });
 }

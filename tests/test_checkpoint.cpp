@@ -1,5 +1,5 @@
-// Tests of the checkpoint loaders (prepack/gguf.hpp, prepack/safetensors.hpp,
-// prepack/reference/checkpoint.hpp) on files the tests write: every tensor type (F32, F16, BF16,
+// Tests of the checkpoint component (prepack/checkpoint/: gguf.hpp, safetensors.hpp,
+// load.hpp) on files the tests write: every tensor type (F32, F16, BF16,
 // Q8_0), tied and untied embeddings, Qwen2 biases; weights round-trip exactly or within the
 // type's own rounding; a model loaded from a file prefills as the in-memory model it was written
 // from (GGUF with llama.cpp's Q/K permutation, and unpermuted qwen2); bad files give
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "checkpoint_writer.hpp"
-#include "prepack/reference/checkpoint.hpp"
+#include "prepack/checkpoint.hpp"
 #include "reference_common.hpp"
 
 namespace {
@@ -83,7 +83,7 @@ TEST(Checkpoint, GgufRoundTripsEveryTypeAndLoadsTheSameFunction) {
         const std::string path =
             dir + "/" + arch + (tied ? "_tied_" : "_") + test::dtype_name(t) + ".gguf";
         test::write_file(path, test::gguf_bytes(c, w, {arch, t, "test", true}));
-        const auto ck = ref::load_checkpoint(path);
+        const auto ck = prepack::checkpoint::load(path);
         const std::string where = path;
         EXPECT_EQ(ck.info.architecture, arch);
         EXPECT_EQ(ck.info.cfg.hidden, c.hidden);
@@ -93,11 +93,11 @@ TEST(Checkpoint, GgufRoundTripsEveryTypeAndLoadsTheSameFunction) {
         EXPECT_EQ(ck.info.cfg.qkv_bias, c.qkv_bias);
         EXPECT_EQ(ck.info.cfg.rope_theta, c.rope_theta);
         EXPECT_EQ(ck.info.tensor_types.count(test::dtype_name(t)), 1u) << where;
-        const double d = weight_diff(c, ck.w, w, t);
+        const double d = weight_diff(c, ck.weights, w, t);
         // Exactly the format's rounding of every value (Q/K unpermuted, matrices transposed).
         EXPECT_EQ(d, 0.0) << where;
         if (t == test::dtype::f32) {
-          const ref::model loaded(ck.info.cfg, ck.w), original(c, w);
+          const ref::model loaded(ck.info.cfg, ck.weights), original(c, w);
           const double ld = logits_diff(loaded, original, rng);
           std::printf("%s: loaded vs in-memory model: max abs diff logits %.3g\n", path.c_str(),
                       ld);
@@ -117,18 +117,18 @@ TEST(Checkpoint, PermutedQKLoadsIntoTheUnpermutedFunction) {
   const ref::weights w = ref::random_weights(c, 8);
   const std::string llama = dir + "/llama.gguf";
   test::write_file(llama, test::gguf_bytes(c, w, {"llama", test::dtype::f32, "p", false}));
-  const auto ck = ref::load_checkpoint(llama);
-  const ref::model original(c, w), loaded(ck.info.cfg, ck.w);
+  const auto ck = prepack::checkpoint::load(llama);
+  const ref::model original(c, w), loaded(ck.info.cfg, ck.weights);
   EXPECT_LE(logits_diff(original, loaded, rng), 1e-4);
   // The same bytes claimed unpermuted (a qwen2 header on llama's rows) give other logits.
   auto bytes = test::gguf_bytes(c, w, {"llama", test::dtype::f32, "p", false});
-  prepack::gguf_file parsed(prepack::span<const unsigned char>(bytes), "x");
-  ref::weights wrong = ck.w;
+  prepack::checkpoint::gguf_file parsed(prepack::span<const unsigned char>(bytes), "x");
+  ref::weights wrong = ck.weights;
   const auto& q = *parsed.find("blk.0.attn_q.weight");
   std::vector<float> raw(static_cast<std::size_t>(q.elements()));
   parsed.read(q, prepack::span<float>(raw));
-  wrong.layers[0].wq = ref::detail::transposed(raw, static_cast<std::size_t>(c.q_dim()),
-                                               static_cast<std::size_t>(c.hidden));
+  wrong.layers[0].wq = prepack::checkpoint::detail::transposed(
+      raw, static_cast<std::size_t>(c.q_dim()), static_cast<std::size_t>(c.hidden));
   EXPECT_GT(logits_diff(original, ref::model(c, wrong), rng), 1e-3);
   fs::remove_all(dir);
 }
@@ -143,17 +143,18 @@ TEST(Checkpoint, SafetensorsSingleAndShardedRoundTrip) {
         for (int shards : {1, 3}) {
           const std::string dir = temp_dir("hf");
           test::write_hf_dir(dir, c, w, t, shards);
-          const auto ck = ref::load_checkpoint(dir);
+          const auto ck = prepack::checkpoint::load(dir);
           EXPECT_EQ(ck.info.format, "safetensors");
           EXPECT_EQ(ck.info.cfg.qkv_bias, bias);
           EXPECT_EQ(ck.info.cfg.tied_embeddings, tied);
           // Norms and biases go through the same dtype here (safetensors writes one dtype).
-          const auto a = test::hf_tensors(c, ck.w), b = test::hf_tensors(c, w);
+          const auto a = test::hf_tensors(c, ck.weights), b = test::hf_tensors(c, w);
           for (std::size_t k = 0; k < a.size(); ++k) {
             EXPECT_EQ(a[k].values, test::rounded(b[k].values, t)) << dir << " " << a[k].name;
           }
           if (t == test::dtype::f32) {
-            EXPECT_LE(logits_diff(ref::model(ck.info.cfg, ck.w), ref::model(c, w), rng), 1e-4);
+            EXPECT_LE(logits_diff(ref::model(ck.info.cfg, ck.weights), ref::model(c, w), rng),
+                      1e-4);
           }
           fs::remove_all(dir);
         }
@@ -173,7 +174,7 @@ TEST(CheckpointErrors, TruncatedGgufFilesAreRefused) {
     const std::size_t cut = k < 200 ? static_cast<std::size_t>(k) : rng() % bytes.size();
     std::vector<unsigned char> part(bytes.begin(), bytes.begin() + static_cast<long>(cut));
     try {
-      prepack::gguf_file g(prepack::span<const unsigned char>(part), "cut.gguf");
+      prepack::checkpoint::gguf_file g(prepack::span<const unsigned char>(part), "cut.gguf");
       ADD_FAILURE() << "a GGUF cut at byte " << cut << " of " << bytes.size() << " was accepted";
     } catch (const prepack::error& e) {
       EXPECT_NE(std::string(e.what()).find("cut.gguf"), std::string::npos) << e.what();
@@ -207,12 +208,14 @@ TEST(CheckpointErrors, NestedMetadataArraysAreSkippedWithinABound) {
   };
   for (int depth : {1, 2, 16}) {
     const auto bytes = file(depth);
-    const prepack::gguf_file g(prepack::span<const unsigned char>(bytes), "nested.gguf");
+    const prepack::checkpoint::gguf_file g(prepack::span<const unsigned char>(bytes),
+                                           "nested.gguf");
     EXPECT_EQ(g.text("general.name"), "after") << "depth " << depth;
   }
   const auto deep = file(17);
-  EXPECT_PREPACK_ERROR(prepack::gguf_file(prepack::span<const unsigned char>(deep), "deep.gguf"),
-                       "deep.gguf: metadata deep: arrays nested more than 16 deep");
+  EXPECT_PREPACK_ERROR(
+      prepack::checkpoint::gguf_file(prepack::span<const unsigned char>(deep), "deep.gguf"),
+      "deep.gguf: metadata deep: arrays nested more than 16 deep");
 }
 
 // Bytes of a little GGUF file with its fields patched.
@@ -234,24 +237,27 @@ struct gguf_fixture : ::testing::Test {
 TEST_F(gguf_fixture, HeaderErrorsNameTheFileAndItem) {
   auto magic = good();
   magic[0] = 'X';
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(magic, "magic.gguf")),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(magic, "magic.gguf")),
                        "magic.gguf: not a GGUF file (wrong magic)");
   auto version = good();
   version[4] = 9;
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(version, "v.gguf")), "v.gguf: GGUF version 9");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(version, "v.gguf")),
+                       "v.gguf: GGUF version 9");
   auto count = good();
   for (int k = 8; k < 16; ++k) count[static_cast<std::size_t>(k)] = 0x40;  // 2^62-ish tensors
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(count, "count.gguf")),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(count, "count.gguf")),
                        "count.gguf: tensor count");
   auto meta = good();
   for (int k = 16; k < 24; ++k) meta[static_cast<std::size_t>(k)] = 0x7f;
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(meta, "meta.gguf")), "meta.gguf: metadata count");
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir + "/missing.gguf"), "missing.gguf: cannot open");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(meta, "meta.gguf")),
+                       "meta.gguf: metadata count");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir + "/missing.gguf"),
+                       "missing.gguf: cannot open");
 }
 
 TEST_F(gguf_fixture, TensorErrorsNameTheFileAndTensor) {
   const auto bytes = good();
-  prepack::gguf_file g(prepack::span<const unsigned char>(bytes), "g");
+  prepack::checkpoint::gguf_file g(prepack::span<const unsigned char>(bytes), "g");
   const auto& t = g.tensors().back();
   // Find the tensor info of the last tensor: its type and offset fields follow its dims.
   const std::string name = t.name;
@@ -262,16 +268,19 @@ TEST_F(gguf_fixture, TensorErrorsNameTheFileAndTensor) {
       std::search(bytes.begin(), bytes.end(), needle.begin(), needle.end()) - bytes.begin();
   const std::size_t type_at = static_cast<std::size_t>(at) + needle.size() + 4 + 8 * t.dims.size();
   auto unknown = bytes;
-  unknown[type_at] = 2;  // Q4_0: not supported
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(unknown, "type.gguf")),
-                       "type.gguf: tensor " + name + ": type 2 is not supported");
+  unknown[type_at] = 16;  // IQ2_XXS: not supported
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(unknown, "type.gguf")),
+                       "type.gguf: tensor " + name + ": type IQ2_XXS (16) is not supported");
+  unknown[type_at] = 77;  // no ggml type
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(unknown, "type.gguf")),
+                       "type.gguf: tensor " + name + ": type 77 is not supported");
   auto offset = bytes;
   offset[type_at + 4 + 5] = 0x10;  // offset += 2^44
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(offset, "offset.gguf")),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(offset, "offset.gguf")),
                        "offset.gguf: tensor " + name + ": data at");
   auto cut = bytes;
   cut.resize(cut.size() - 10);  // the last tensor's data runs past the end
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(cut, "short.gguf")),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(cut, "short.gguf")),
                        "lies past the end of the file");
   // A shape that disagrees with the metadata: ffn of 64 claimed for 96-wide tensors.
   auto patched = test::gguf_bytes(c, w, {"llama", test::dtype::f32, "t", false});
@@ -280,21 +289,21 @@ TEST_F(gguf_fixture, TensorErrorsNameTheFileAndTensor) {
       std::search(patched.begin(), patched.end(), key.begin(), key.end()) - patched.begin();
   patched[static_cast<std::size_t>(k) + key.size() + 4] = 64;
   EXPECT_PREPACK_ERROR(
-      ref::load_checkpoint(write(patched, "shape.gguf")),
+      prepack::checkpoint::load(write(patched, "shape.gguf")),
       "shape.gguf: tensor model.layers.0.mlp.gate_proj.weight is 96 x 64, the config says 64 x 64");
   // A missing tensor: one layer more than the file holds.
   auto layers = test::gguf_bytes(c, w, {"llama", test::dtype::f32, "t", false});
   const std::string bk = "llama.block_count";
   const auto b = std::search(layers.begin(), layers.end(), bk.begin(), bk.end()) - layers.begin();
   layers[static_cast<std::size_t>(b) + bk.size() + 4] = 3;
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(layers, "missing.gguf")),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(layers, "missing.gguf")),
                        "missing.gguf: tensor model.layers.2.input_layernorm.weight missing");
   // An architecture the model cannot run.
   auto arch = test::gguf_bytes(c, w, {"llama", test::dtype::f32, "t", false});
   const std::string ak = "llama";
   const auto a = std::search(arch.begin() + 24, arch.end(), ak.begin(), ak.end()) - arch.begin();
   arch[static_cast<std::size_t>(a)] = 'x';
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(write(arch, "arch.gguf")),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(arch, "arch.gguf")),
                        "arch.gguf: architecture xlama is not supported");
 }
 
@@ -314,41 +323,41 @@ TEST(CheckpointErrors, SafetensorsErrorsNameTheFileAndItem) {
   auto len = bytes;
   len[6] = 0x7f;
   rewrite(len);
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir), "model.safetensors: header of");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "model.safetensors: header of");
   auto json = bytes;
   json[8] = '!';
   rewrite(json);
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir), "model.safetensors: header is not JSON");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "model.safetensors: header is not JSON");
   auto cut = bytes;
   cut.resize(cut.size() - 4);
   rewrite(cut);
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir), "lie past the end of the file");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "lie past the end of the file");
   const std::string f32 = "\"F32\"";
   auto dtype = bytes;
   const auto at = std::search(dtype.begin(), dtype.end(), f32.begin(), f32.end()) - dtype.begin();
   dtype[static_cast<std::size_t>(at) + 1] = 'I';
   rewrite(dtype);
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir), "dtype I32 is not supported");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "dtype I32 is not supported");
   rewrite(bytes);
-  EXPECT_NO_THROW(ref::load_checkpoint(dir));
+  EXPECT_NO_THROW(prepack::checkpoint::load(dir));
   // config.json: an architecture it cannot run, a missing field, rope scaling.
   auto j = test::hf_config(c);
   j["architectures"] = {"GPT2LMHeadModel"};
   std::ofstream(dir + "/config.json") << j.dump();
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir),
                        "config.json: architecture 'GPT2LMHeadModel' is not supported");
   j = test::hf_config(c);
   j.erase("hidden_size");
   std::ofstream(dir + "/config.json") << j.dump();
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir), "config.json: hidden_size missing");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "config.json: hidden_size missing");
   j = test::hf_config(c);
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   std::ofstream(dir + "/config.json") << j.dump();
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir), "rope_scaling is not supported");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "rope_scaling is not supported");
   j = test::hf_config(c);
   j["num_hidden_layers"] = 5;
   std::ofstream(dir + "/config.json") << j.dump();
-  EXPECT_PREPACK_ERROR(ref::load_checkpoint(dir),
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir),
                        "tensor model.layers.2.input_layernorm.weight missing");
   fs::remove_all(dir);
 }

@@ -281,7 +281,7 @@ TEST(ChunkedErrors, ASuffixBeforeItsPrefixIsRefused) {
   const auto suffixes = prepack::make_step_inputs(sched, 1, items, t.items, pool.n_blocks());
   const auto v = pool.key_view();
   const std::vector<float> before(v.data, v.data + v.extent[0] * v.stride[0]);
-  EXPECT_PREPACK_ERROR(m.forward(suffixes, pool), "context position 0 is not cached");
+  EXPECT_PREPACK_ERROR(m.forward(suffixes, pool), "context positions 0..3 are not cached");
   EXPECT_EQ(std::vector<float>(v.data, v.data + v.extent[0] * v.stride[0]), before);
   EXPECT_NO_THROW(
       m.forward(prepack::make_step_inputs(sched, 0, items, t.items, pool.n_blocks()), pool));
@@ -306,7 +306,8 @@ TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {
   const auto before = snapshot();
   // Step 1 before step 0: prompt 0's context (positions 0..5) is not cached yet.
   const auto in1 = prepack::make_step_inputs(sched, 1, prompts, tables, cache.pool.n_blocks());
-  EXPECT_PREPACK_ERROR(m.forward(in1, cache.pool), "sequence 0: context position 0 is not cached");
+  EXPECT_PREPACK_ERROR(m.forward(in1, cache.pool),
+                       "sequence 0: context positions 0..3 are not cached");
   EXPECT_EQ(snapshot(), before);
   // Step 0, then a step whose slot mapping disagrees with its block table.
   const auto in0 = prepack::make_step_inputs(sched, 0, prompts, tables, cache.pool.n_blocks());
@@ -321,19 +322,23 @@ TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {
   twice.tables.table[twice.tables.max_blocks] = twice.tables.table[2];
   twice.slot_mapping[4] = twice.slot_mapping[2];
   twice.slot_mapping[5] = twice.slot_mapping[3];
-  EXPECT_PREPACK_ERROR(m.forward(twice, cache.pool), "token 4: slot");
-  // Positions 8, 9 written over the cached positions 4, 5 of the same sequence.
+  EXPECT_PREPACK_ERROR(m.forward(twice, cache.pool),
+                       "sequence 1: block " + std::to_string(twice.tables.table[2]) +
+                           " is also written by sequence 0 in this step");
+  // Positions 8, 9 written over the cached positions 4, 5 of the same sequence (its table names
+  // one block for both).
   auto over = in1;
   over.tables.table[2] = over.tables.table[1];
   over.slot_mapping[2] = over.tables.table[1] * 4;
   over.slot_mapping[3] = over.tables.table[1] * 4 + 1;
-  EXPECT_PREPACK_ERROR(m.forward(over, cache.pool), "would overwrite the cached position 4");
+  EXPECT_PREPACK_ERROR(m.forward(over, cache.pool),
+                       "sequence 0: block " + std::to_string(over.tables.table[1]) +
+                           " appears twice in its block table (entries 1 and 2)");
   // A block table too short for context + query.
   auto short_table = in1;
   for (std::size_t k = 2; k < short_table.tables.max_blocks; ++k) short_table.tables.table[k] = -1;
-  EXPECT_PREPACK_ERROR(
-      m.forward(short_table, cache.pool),
-      "sequence 0: context 6 + query 4 needs 3 blocks of 4, its block table has 2");
+  EXPECT_PREPACK_ERROR(m.forward(short_table, cache.pool),
+                       "sequence 0: block_table[2] = -1 (padding) where a block is needed");
   // A context longer than the prompt is refused when the step is built.
   auto long_ctx = sched;
   long_ctx.chunks[long_ctx.step_begin[1]].context = 11;

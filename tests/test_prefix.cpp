@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "common.hpp"
-#include "prepack/workload.hpp"
+#include "support/workload.hpp"
 
 namespace {
 
@@ -259,16 +259,16 @@ TEST(Prefix, ASuffixScheduledBeforeItsPrefixIsRefused) {
 }
 
 TEST(Prefix, Workloads) {
-  for (prepack::prefix_profile p : prepack::all_prefix_profiles()) {
-    const auto prompts = prepack::generate_prefixed_prompts(p, 24, 1000, 3);
-    EXPECT_EQ(prompts, prepack::generate_prefixed_prompts(p, 24, 1000, 3));
+  for (support::prefix_profile p : support::all_prefix_profiles()) {
+    const auto prompts = support::generate_prefixed_prompts(p, 24, 1000, 3);
+    EXPECT_EQ(prompts, support::generate_prefixed_prompts(p, 24, 1000, 3));
     const auto plan = prepack::make_prefix_plan(prompts);
     // few-shot: 3 subjects; system-prompt: one prefix.
-    EXPECT_EQ(plan.n_prefixes(), p == prepack::prefix_profile::few_shot ? 3u : 1u)
-        << prepack::prefix_profile_name(p);
+    EXPECT_EQ(plan.n_prefixes(), p == support::prefix_profile::few_shot ? 3u : 1u)
+        << support::prefix_profile_name(p);
     EXPECT_LT(plan.tokens_computed(), plan.useful_tokens() / 2);
-    prepack::prefix_profile back{};
-    EXPECT_TRUE(prepack::parse_prefix_profile(prepack::prefix_profile_name(p), back));
+    support::prefix_profile back{};
+    EXPECT_TRUE(support::parse_prefix_profile(support::prefix_profile_name(p), back));
     EXPECT_EQ(back, p);
   }
 }

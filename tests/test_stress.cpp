@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
-#include "prepack/workload.hpp"
+#include "support/workload.hpp"
 
 // ---- heap accounting for this test binary ----
 namespace {
@@ -49,7 +49,7 @@ std::int32_t tag(std::size_t prompt, std::size_t pos) {
 
 TEST(Stress, AMillionPromptsThroughPlanLayoutAndUnpack) {
   constexpr std::size_t n = 1000000;
-  const auto lengths = prepack::generate_lengths(prepack::profile::heavy_cut, n, 5, 64);
+  const auto lengths = support::generate_lengths(support::profile::heavy_cut, n, 5, 64);
   std::size_t total = 0;
   for (int l : lengths) total += static_cast<std::size_t>(l);
   std::vector<std::int32_t> tokens;

@@ -1,7 +1,7 @@
 // Tests of prepack/workload.hpp: the profiles' lengths stay in their documented ranges and are
 // the same for the same seed; the record reader takes any integer below its limit, however many
 // digits, and names the file, line and text of anything else.
-#include "prepack/workload.hpp"
+#include "support/workload.hpp"
 
 #include <gtest/gtest.h>
 
@@ -14,24 +14,24 @@
 
 namespace {
 
-std::vector<prepack::record> read(const std::string& text, long long limit) {
+std::vector<support::record> read(const std::string& text, long long limit) {
   std::istringstream in(text);
-  return prepack::read_records(in, "f.txt", "token id", limit);
+  return support::read_records(in, "f.txt", "token id", limit);
 }
 
 TEST(Workload, ProfilesStayInRangeAndRepeat) {
-  for (prepack::profile p : prepack::all_profiles()) {
-    const auto a = prepack::generate_lengths(p, 500, 3, 256);
-    EXPECT_EQ(a, prepack::generate_lengths(p, 500, 3, 256));
-    if (p != prepack::profile::equal) {
-      EXPECT_NE(a, prepack::generate_lengths(p, 500, 4, 256)) << prepack::profile_name(p);
+  for (support::profile p : support::all_profiles()) {
+    const auto a = support::generate_lengths(p, 500, 3, 256);
+    EXPECT_EQ(a, support::generate_lengths(p, 500, 3, 256));
+    if (p != support::profile::equal) {
+      EXPECT_NE(a, support::generate_lengths(p, 500, 4, 256)) << support::profile_name(p);
     }
-    const int hi = p == prepack::profile::heavy ? 4 * 256 : 256;
+    const int hi = p == support::profile::heavy ? 4 * 256 : 256;
     for (int l : a) {
       ASSERT_GE(l, 4);
       ASSERT_LE(l, hi);
     }
-    EXPECT_EQ(prepack::parse_profile(prepack::profile_name(p)), p);
+    EXPECT_EQ(support::parse_profile(support::profile_name(p)), p);
   }
 }
 

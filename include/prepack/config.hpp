@@ -5,12 +5,12 @@
 #pragma once
 
 #define PREPACK_VERSION_MAJOR 0
-#define PREPACK_VERSION_MINOR 2
+#define PREPACK_VERSION_MINOR 3
 #define PREPACK_VERSION_PATCH 0
 
 #define PREPACK_DETAIL_NS_CAT(major, minor) v##major##_##minor
 #define PREPACK_DETAIL_NS(major, minor) PREPACK_DETAIL_NS_CAT(major, minor)
-/// The inline namespace of this version (v0_2): two copies of this header-only library of
+/// The inline namespace of this version (v0_3): two copies of this header-only library of
 /// different versions in one program cannot clash at link time.
 #define PREPACK_INLINE_NAMESPACE PREPACK_DETAIL_NS(PREPACK_VERSION_MAJOR, PREPACK_VERSION_MINOR)
 

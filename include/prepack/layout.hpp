@@ -49,6 +49,10 @@ struct layout_parts {
                                        //                  last token of prompt i
 };
 
+namespace detail {
+struct layout_access;
+}  // namespace detail
+
 /// A packed (or padded) batch, ready for a prefill kernel. Token and Index are the engine's
 /// integer types; Index must be signed (segment id -1 marks a pad slot). Every value it stores
 /// fits Index (slot numbers, cumulative ends, lengths, positions), checked when it is built.
@@ -117,8 +121,7 @@ class packed_layout {
   parts_type p_;
   std::size_t useful_ = 0;
 
-  template <class T, class I>
-  friend struct layout_access;
+  friend struct detail::layout_access;
 };
 
 /// Values written into pad slots. Pad slots are masked everywhere, so neither value changes any
@@ -128,18 +131,19 @@ struct layout_options {
   long long pad_position = 0;
 };
 
-// Builds layouts without re-checking what make_layout produced valid by construction.
-template <class Token, class Index>
+namespace detail {
+
+// Adopts parts that make_layout built valid by construction (or that check_parts has checked)
+// without checking them again. Internal: from_parts is the public way in.
 struct layout_access {
-  static packed_layout<Token, Index> adopt_unchecked(layout_parts<Token, Index> parts) {
+  template <class Token, class Index>
+  static packed_layout<Token, Index> adopt(layout_parts<Token, Index> parts) {
     packed_layout<Token, Index> l;
     l.p_ = std::move(parts);
     for (Index len : l.p_.prompt_length) l.useful_ += static_cast<std::size_t>(len);
     return l;
   }
 };
-
-namespace detail {
 
 // Checks that a plan is internally consistent: every prompt exactly once, inside its row, and
 // the prompts of a row adjacent in slot order. Throws naming the first inconsistency.
@@ -154,6 +158,12 @@ void check_plan(const pack_plan<Length>& p) {
           p.row_prompts.size(), " row entries");
   require(p.row_begin.size() == n_rows + 1 && p.row_begin.front() == 0 && p.row_begin.back() == n,
           "plan: row_begin does not delimit ", n, " prompts in ", n_rows, " rows");
+  for (std::size_t r = 0; r < n_rows; ++r) {  // every row's range inside row_prompts
+    if (p.row_begin[r] > p.row_begin[r + 1]) {
+      fail("plan: row_begin[", r, "] = ", p.row_begin[r], " > row_begin[", r + 1,
+           "] = ", p.row_begin[r + 1], " (row ", r, " has negative size)");
+    }
+  }
   for (std::size_t i = 0; i < n; ++i) {
     require(p.length[i] > 0, "prompt ", i, ": length ", p.length[i]);
     require(p.row[i] < n_rows, "prompt ", i, ": row ", p.row[i], " out of range (", n_rows,
@@ -165,7 +175,6 @@ void check_plan(const pack_plan<Length>& p) {
   }
   std::vector<unsigned char> seen(n, 0);
   for (std::size_t r = 0; r < n_rows; ++r) {
-    require(p.row_begin[r] <= p.row_begin[r + 1], "plan: row ", r, " has negative size");
     std::size_t used = 0;
     for (std::size_t k = p.row_begin[r]; k < p.row_begin[r + 1]; ++k) {
       const std::size_t i = p.row_prompts[k];
@@ -309,9 +318,14 @@ std::size_t check_parts(const layout_parts<Token, Index>& l) {
   // slot order, and row_cu_seqlens holds their boundaries.
   require(l.row_begin.front() == 0 && l.row_begin.back() == n,
           "layout: row_begin does not delimit ", n, " prompts");
+  for (std::size_t r = 0; r < l.n_rows; ++r) {  // every row's range inside row_prompts
+    if (l.row_begin[r] > l.row_begin[r + 1]) {
+      fail("layout: row ", r, ": row_begin[", r, "] = ", l.row_begin[r], " > row_begin[", r + 1,
+           "] = ", l.row_begin[r + 1]);
+    }
+  }
   std::vector<unsigned char> seen(n, 0);
   for (std::size_t r = 0; r < l.n_rows; ++r) {
-    require(l.row_begin[r] <= l.row_begin[r + 1], "layout: row ", r, ": row_begin decreases");
     const Index* cu = l.row_cu_seqlens.data() + l.row_begin[r] + r;
     for (std::size_t k = l.row_begin[r]; k < l.row_begin[r + 1]; ++k) {
       const Index id = l.row_prompts[k];
@@ -334,7 +348,7 @@ std::size_t check_parts(const layout_parts<Token, Index>& l) {
 template <class Token, class Index>
 packed_layout<Token, Index> packed_layout<Token, Index>::from_parts(parts_type parts) {
   detail::check_parts(parts);
-  return layout_access<Token, Index>::adopt_unchecked(std::move(parts));
+  return detail::layout_access::adopt(std::move(parts));
 }
 
 namespace detail {
@@ -359,7 +373,7 @@ packed_layout<Token, Index> build_layout(const pack_plan<Length>& plan, span<con
       l.tokens[first + t] = static_cast<Token>(tokens[src++]);
     }
   }
-  return layout_access<Token, Index>::adopt_unchecked(std::move(l));
+  return layout_access::adopt(std::move(l));
 }
 
 template <class T>

@@ -1,14 +1,28 @@
-// prepack/paged.hpp - the bookkeeping of a paged KV pool, as vLLM's block manager keeps it:
-// a free list of fixed-size blocks with reference counts (a block shared read-only by several
-// sequences, a common prefix, is freed when its last reader releases it), and per-sequence
-// block tables laid out as the padded [n_seqs][max_blocks] array kernels take.
+// prepack/paged.hpp - the bookkeeping of a paged KV pool, as vLLM's block manager keeps it, and
+// its page arithmetic, defined once for every part of prepack that touches a pool:
+//
+//  block_allocator  blocks handed out lowest first, reference counted (a block shared read-only
+//                   by several sequences, a common prefix, is free again when its last holder
+//                   releases it)
+//  block_tables     per-sequence block lists laid out as the padded [n_seqs][max_blocks] array
+//                   kernels take
+//  block_row        one sequence's page arithmetic: position p lives at pool slot
+//                   blocks[p / block_size] * block_size + p % block_size
+//  blocks_for       blocks that hold n positions
+// and, for the validators of step inputs, unpackers and the reference model, the checks of a
+// table row against a pool and of the blocks a step touches (detail::check_block_uses).
 // Standard library only; the pool's memory is the engine's (or prepack::reference::kv_pool).
-// Cost: O(1) per block allocated, shared or released; O(n_seqs * max_blocks) to lay out tables.
+// Cost: O(log blocks released) per block allocated or released, O(1) to share; memory grows
+// with the highest block ever handed out, never with the pool's size. O(n_seqs * max_blocks)
+// to lay out tables; the checks O(b log b) in the b blocks a step touches.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <queue>
+#include <string>
 #include <vector>
 
 #include "detail/checked.hpp"
@@ -17,55 +31,81 @@
 
 PREPACK_NAMESPACE_BEGIN
 
-/// Blocks 0 .. n_blocks - 1 of a pool, handed out lowest first, reference counted.
+/// Blocks for `positions` positions at `block_size` per block (block_size > 0).
+constexpr std::size_t blocks_for(std::size_t positions, std::size_t block_size) noexcept {
+  return positions / block_size + (positions % block_size != 0 ? 1 : 0);
+}
+
+/// Blocks 0 .. n_blocks - 1 of a pool, handed out lowest first, reference counted. Blocks never
+/// handed out cost nothing: the counters grow with the highest block used, so a pool of 10^7
+/// blocks is as cheap to create as one of 10.
 class block_allocator {
  public:
-  explicit block_allocator(std::size_t n_blocks) : refs_(n_blocks, 0) {
+  /// Throws prepack::error, allocating nothing, for no blocks or more than int32 ids can name.
+  explicit block_allocator(std::size_t n_blocks) : n_blocks_(n_blocks) {
     detail::require(n_blocks > 0, "block allocator: the pool has no blocks");
     detail::require(n_blocks <= static_cast<std::size_t>(INT32_MAX), "block allocator: ", n_blocks,
                     " blocks do not fit int32 block ids");
-    free_.reserve(n_blocks);
-    for (std::size_t b = n_blocks; b-- > 0;) free_.push_back(static_cast<std::int32_t>(b));
   }
 
-  std::size_t n_blocks() const noexcept { return refs_.size(); }
-  std::size_t n_free() const noexcept { return free_.size(); }
-  std::size_t n_used() const noexcept { return refs_.size() - free_.size(); }
-  /// Sequences holding block b (0: free).
-  std::size_t refs(std::int32_t b) const { return refs_.at(checked(b)); }
+  std::size_t n_blocks() const noexcept { return n_blocks_; }
+  std::size_t n_free() const noexcept { return n_blocks_ - refs_.size() + released_.size(); }
+  std::size_t n_used() const noexcept { return n_blocks_ - n_free(); }
+  /// Holders of block b (0: free). Throws prepack::error for a block outside the pool.
+  std::size_t refs(std::int32_t b) const {
+    const std::size_t i = checked(b);
+    return i < refs_.size() ? refs_[i] : 0;
+  }
 
-  /// n fresh blocks, each with one reference. Throws prepack::error, allocating nothing, when
-  /// fewer than n are free.
+  /// n free blocks, the lowest first, each with one reference. Throws prepack::error,
+  /// allocating nothing, when fewer than n are free.
   std::vector<std::int32_t> allocate(std::size_t n) {
-    detail::require(n <= free_.size(), "block allocator: ", n, " blocks wanted, ", free_.size(),
-                    " of ", refs_.size(), " free");
-    std::vector<std::int32_t> out(free_.end() - static_cast<std::ptrdiff_t>(n), free_.end());
-    std::reverse(out.begin(), out.end());
-    free_.resize(free_.size() - n);
-    for (std::int32_t b : out) refs_[static_cast<std::size_t>(b)] = 1;
+    detail::require(n <= n_free(), "block allocator: ", n, " blocks wanted, ", n_free(), " of ",
+                    n_blocks_, " free");
+    std::vector<std::int32_t> out;
+    out.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      std::int32_t b;
+      if (!released_.empty()) {  // every released block is below the never-used ones
+        b = released_.top();
+        released_.pop();
+      } else {
+        b = static_cast<std::int32_t>(refs_.size());
+        refs_.push_back(0);
+      }
+      refs_[static_cast<std::size_t>(b)] = 1;
+      out.push_back(b);
+    }
     return out;
   }
-  /// One more reader of an allocated block (a sequence that shares a prefix block).
+  /// One more holder of an allocated block (a sequence that shares a prefix block). Throws
+  /// prepack::error for a free block or one outside the pool.
   void share(std::int32_t b) {
     const std::size_t i = checked(b);
-    detail::require(refs_[i] > 0, "block allocator: block ", b, " is free, it cannot be shared");
+    detail::require(i < refs_.size() && refs_[i] > 0, "block allocator: block ", b,
+                    " is free, it cannot be shared");
     ++refs_[i];
   }
-  /// Drops one reference; the block is free again when none is left.
+  /// Drops one reference; the block is free again when none is left. Throws prepack::error for
+  /// a free block or one outside the pool.
   void release(std::int32_t b) {
     const std::size_t i = checked(b);
-    detail::require(refs_[i] > 0, "block allocator: block ", b, " is already free");
-    if (--refs_[i] == 0) free_.push_back(b);
+    detail::require(i < refs_.size() && refs_[i] > 0, "block allocator: block ", b,
+                    " is already free");
+    if (--refs_[i] == 0) released_.push(b);
   }
 
  private:
   std::size_t checked(std::int32_t b) const {
-    detail::require(b >= 0 && static_cast<std::size_t>(b) < refs_.size(), "block allocator: block ",
-                    b, " outside 0..", refs_.size() - 1);
+    if (b < 0 || static_cast<std::size_t>(b) >= n_blocks_) {
+      detail::fail("block allocator: block ", b, " outside 0..", n_blocks_ - 1);
+    }
     return static_cast<std::size_t>(b);
   }
-  std::vector<std::size_t> refs_;   // [n_blocks]  readers of each block
-  std::vector<std::int32_t> free_;  // free blocks, the lowest on top
+  std::size_t n_blocks_ = 0;
+  std::vector<std::size_t> refs_;  // [blocks handed out so far]  holders of each
+  std::priority_queue<std::int32_t, std::vector<std::int32_t>, std::greater<>>
+      released_;  // free blocks below refs_.size(), the lowest on top
 };
 
 /// Block tables of several sequences: row s lists the blocks holding positions
@@ -80,14 +120,21 @@ struct block_tables {
   span<const std::int32_t> row(std::size_t s) const noexcept {
     return {table.data() + s * max_blocks, max_blocks};
   }
+  /// Row s up to its padding (the first negative entry).
+  span<const std::int32_t> blocks(std::size_t s) const noexcept {
+    const span<const std::int32_t> r = row(s);
+    std::size_t n = 0;
+    while (n < r.size() && r[n] >= 0) ++n;
+    return {r.data(), n};
+  }
   /// The table as (sequence, entry), for prepack's unpackers and step inputs.
   tensor_view<const std::int32_t, 2> view() const noexcept {
     return contiguous_view<const std::int32_t, 2>(table.data(), {n_seqs(), max_blocks});
   }
 };
 
-/// Lays out ragged per-sequence block lists as a padded table. Throws prepack::error for a
-/// block size of 0 or a negative block id.
+/// Lays out ragged per-sequence block lists as a padded table (at least one entry per row).
+/// Throws prepack::error for a block size of 0 or a negative block id.
 inline block_tables make_block_tables(const std::vector<std::vector<std::int32_t>>& blocks,
                                       std::size_t block_size) {
   detail::require(block_size > 0, "block tables: block size 0");
@@ -105,9 +152,101 @@ inline block_tables make_block_tables(const std::vector<std::vector<std::int32_t
   return t;
 }
 
-/// Blocks for `positions` positions at `block_size` per block.
-inline std::size_t blocks_for(std::size_t positions, std::size_t block_size) {
-  return (positions + block_size - 1) / block_size;
+/// One sequence's page arithmetic, FlashInfer's paged_kv_t for a single sequence: position p
+/// lives in block blocks[p / block_size] at offset p % block_size, pool slot
+/// blocks[p / block_size] * block_size + p % block_size. The entries are not checked here
+/// (detail::check_row does that once per step).
+template <class B = std::int32_t>
+struct block_row {
+  span<const B> blocks;        // [entries]  the sequence's blocks, in position order
+  std::size_t block_size = 0;  // slots per block
+
+  /// The pool block holding position p.
+  std::int64_t block(std::size_t p) const noexcept {
+    return static_cast<std::int64_t>(blocks[p / block_size]);
+  }
+  /// The pool slot of position p: block(p) * block_size + p % block_size.
+  std::int64_t slot(std::size_t p) const noexcept {
+    return block(p) * static_cast<std::int64_t>(block_size) +
+           static_cast<std::int64_t>(p % block_size);
+  }
+};
+
+namespace detail {
+
+// Checks that a table row holds blocks of a pool of n_blocks for positions [0, n_positions):
+// at least blocks_for(n_positions) entries before any padding, each in [0, n_blocks). `who`
+// names the sequence in the message (called only on failure). O(entries checked).
+template <class B, class Who>
+void check_row(span<const B> row, std::size_t n_positions, std::size_t block_size,
+               std::size_t n_blocks, Who&& who) {
+  const std::size_t need = blocks_for(n_positions, block_size);
+  if (row.size() < need) {
+    fail(who(), ": positions up to ", n_positions, " need ", need, " blocks of ", block_size,
+         ", its block table has ", row.size(), " entries");
+  }
+  for (std::size_t k = 0; k < need; ++k) {
+    const B b = row[k];
+    if (is_negative(b) || static_cast<std::size_t>(b) >= n_blocks) {
+      fail(who(), ": block_table[", k, "] = ", b,
+           is_negative(b) ? " (padding) where a block is needed" : " outside the pool's blocks 0..",
+           is_negative(b) ? "" : std::to_string(n_blocks - 1));
+    }
+  }
 }
+
+// One sequence's use of one block in a step: entry `entry` of its table, written (it holds
+// positions the step computes) or only read (cached context).
+struct block_use {
+  std::int64_t block = 0;
+  std::size_t seq = 0;
+  std::size_t entry = 0;
+  bool writes = false;
+};
+
+// Appends the uses of the blocks a sequence touches when it computes positions
+// [context, context + length): entries below context / block_size are read, the rest written.
+// The row has been checked (check_row).
+template <class B>
+void add_block_uses(std::vector<block_use>& uses, span<const B> row, std::size_t context,
+                    std::size_t length, std::size_t block_size, std::size_t seq) {
+  const std::size_t first_written = context / block_size;
+  const std::size_t need = blocks_for(context + length, block_size);
+  for (std::size_t k = 0; k < need; ++k) {
+    uses.push_back({static_cast<std::int64_t>(row[k]), seq, k, k >= first_written});
+  }
+}
+
+// Throws unless the blocks of a step are used safely: no sequence lists a block twice, no block
+// is written by two sequences, and no block one sequence reads as cached context is written by
+// another in the same step (it would read what the step overwrites). Several sequences may read
+// one block (a shared prefix). `name(seq)` names a sequence in messages (called only on
+// failure). O(b log b) in the b uses; sorts `uses`.
+template <class Name>
+void check_block_uses(std::vector<block_use>& uses, Name&& name) {
+  std::sort(uses.begin(), uses.end(), [](const block_use& a, const block_use& b) {
+    if (a.block != b.block) return a.block < b.block;
+    if (a.writes != b.writes) return a.writes;  // a block's writer first
+    return a.seq != b.seq ? a.seq < b.seq : a.entry < b.entry;
+  });
+  for (std::size_t i = 1; i < uses.size(); ++i) {
+    const block_use& a = uses[i - 1];
+    const block_use& b = uses[i];
+    if (a.block != b.block) continue;
+    if (a.seq == b.seq) {
+      fail(name(a.seq), ": block ", a.block, " appears twice in its block table (entries ",
+           std::min(a.entry, b.entry), " and ", std::max(a.entry, b.entry), ")");
+    }
+    if (a.writes && b.writes) {
+      fail(name(b.seq), ": block ", b.block, " is also written by ", name(a.seq), " in this step");
+    }
+    if (a.writes) {  // b only reads it
+      fail(name(b.seq), ": block ", b.block, " (entry ", b.entry, ") holds context it reads, but ",
+           name(a.seq), " writes that block in this step");
+    }
+  }
+}
+
+}  // namespace detail
 
 PREPACK_NAMESPACE_END

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "detail/checked.hpp"
+#include "detail/range.hpp"
 #include "error.hpp"
 #include "span.hpp"
 
@@ -62,38 +63,6 @@ enum class packer { first_fit_decreasing, best_fit_decreasing };
 enum class padding_side { left, right };
 
 namespace detail {
-
-template <class T>
-struct type_identity {
-  using type = T;
-};
-// Keeps a parameter out of template argument deduction (std::type_identity_t in C++20).
-template <class T>
-using nondeduced = typename type_identity<T>::type;
-
-// The element type of a contiguous range (std::vector, std::array, prepack::span).
-template <class R>
-using range_value_t =
-    std::remove_cv_t<std::remove_pointer_t<decltype(std::data(std::declval<const R&>()))>>;
-
-template <class R, class = void>
-struct is_length_range : std::false_type {};
-template <class R>
-struct is_length_range<R, std::void_t<decltype(std::data(std::declval<const R&>())),
-                                      decltype(std::size(std::declval<const R&>()))>>
-    : std::bool_constant<std::is_integral_v<range_value_t<R>> &&
-                         !std::is_same_v<range_value_t<R>, bool>> {};
-template <class T>
-struct is_length_range<span<T>> : std::false_type {};  // spans take the span overloads
-
-// Enables the container overloads of the planners.
-template <class R>
-using if_length_range = std::enable_if_t<is_length_range<R>::value>;
-
-template <class R>
-span<const range_value_t<R>> as_span(const R& r) {
-  return {std::data(r), std::size(r)};
-}
 
 struct identity {
   template <class T>
@@ -325,41 +294,13 @@ auto project_lengths(const Range& items, Proj proj) {
 
 }  // namespace detail
 
-/// Packs prompts into rows of `capacity` tokens, first-fit-decreasing: longest prompt first,
-/// each into the lowest row with room. Capacity defaults to the longest prompt.
-/// Throws prepack::error for an empty batch, a length <= 0, a capacity <= 0, or a prompt
-/// longer than the capacity. Rows used are at most 11/9 OPT + 6/9.
-/// Every planner takes the lengths as a span, any contiguous container (std::vector,
-/// std::array) or a braced list: first_fit_decreasing({5, 2, 3}).
+namespace detail {
+// The padding baseline over checked lengths (see prepack::padded).
 template <class Length>
-pack_plan<Length> first_fit_decreasing(
-    span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  return detail::pack(packer::first_fit_decreasing, length, capacity);
-}
-
-/// Packs prompts into rows best-fit-decreasing: longest prompt first, each into the row it
-/// leaves with the least free space (the lowest such row on ties). Same defaults, errors and
-/// bound as first_fit_decreasing.
-template <class Length>
-pack_plan<Length> best_fit_decreasing(
-    span<const Length> length, std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  return detail::pack(packer::best_fit_decreasing, length, capacity);
-}
-
-/// The packer `kind` by name, for code that chooses one at run time.
-template <class Length>
-pack_plan<Length> make_plan(packer kind, span<const Length> length,
-                            std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  return detail::pack(kind, length, capacity);
-}
-
-/// The padding baseline as a plan: prompt i alone in row i, its pad slots on `side` (left as
-/// Hugging Face pads for generation). Same defaults and errors as first_fit_decreasing.
-template <class Length>
-pack_plan<Length> padded(span<const Length> length, padding_side side = padding_side::left,
-                         std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
-  const Length cap = detail::checked_capacity(length, capacity);
-  pack_plan<Length> p = detail::start_plan(length, cap);
+pack_plan<Length> padded_plan(span<const Length> length, padding_side side,
+                              std::optional<Length> capacity) {
+  const Length cap = checked_capacity(length, capacity);
+  pack_plan<Length> p = start_plan(length, cap);
   p.fill.assign(length.begin(), length.end());
   std::vector<std::size_t> order(length.size());
   for (std::size_t i = 0; i < length.size(); ++i) {
@@ -367,15 +308,23 @@ pack_plan<Length> padded(span<const Length> length, padding_side side = padding_
     p.row[i] = i;
     p.offset[i] = side == padding_side::left ? static_cast<Length>(cap - length[i]) : Length{0};
   }
-  detail::finish_plan(p, order);
+  finish_plan(p, order);
   return p;
 }
+}  // namespace detail
 
-// The same planners over containers and braced lists (the length type is deduced from them).
+// Every planner takes the lengths as a range (prepack::span, std::vector, std::array: any
+// contiguous container of an integer type, which becomes the plan's length type) or as a braced
+// list (first_fit_decreasing({5, 2, 3})); the second form of each only forwards to the first.
+
+/// Packs prompts into rows of `capacity` tokens, first-fit-decreasing: longest prompt first,
+/// each into the lowest row with room. Capacity defaults to the longest prompt.
+/// Throws prepack::error for an empty batch, a length <= 0, a capacity <= 0, or a prompt
+/// longer than the capacity. Rows used are at most 11/9 OPT + 6/9.
 template <class Range, class = detail::if_length_range<Range>>
-auto first_fit_decreasing(const Range& length,
-                          std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
-  return first_fit_decreasing(detail::as_span(length), capacity);
+pack_plan<detail::range_value_t<Range>> first_fit_decreasing(
+    const Range& length, std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
+  return detail::pack(packer::first_fit_decreasing, detail::as_span(length), capacity);
 }
 template <class Length>
 pack_plan<Length> first_fit_decreasing(
@@ -383,10 +332,14 @@ pack_plan<Length> first_fit_decreasing(
     std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   return first_fit_decreasing(span<const Length>(length.begin(), length.size()), capacity);
 }
+
+/// Packs prompts into rows best-fit-decreasing: longest prompt first, each into the row it
+/// leaves with the least free space (the lowest such row on ties). Same defaults, errors and
+/// bound as first_fit_decreasing.
 template <class Range, class = detail::if_length_range<Range>>
-auto best_fit_decreasing(const Range& length,
-                         std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
-  return best_fit_decreasing(detail::as_span(length), capacity);
+pack_plan<detail::range_value_t<Range>> best_fit_decreasing(
+    const Range& length, std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
+  return detail::pack(packer::best_fit_decreasing, detail::as_span(length), capacity);
 }
 template <class Length>
 pack_plan<Length> best_fit_decreasing(
@@ -394,20 +347,27 @@ pack_plan<Length> best_fit_decreasing(
     std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   return best_fit_decreasing(span<const Length>(length.begin(), length.size()), capacity);
 }
+
+/// The packer `kind` by name, for code that chooses one at run time.
 template <class Range, class = detail::if_length_range<Range>>
-auto make_plan(packer kind, const Range& length,
-               std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
-  return make_plan(kind, detail::as_span(length), capacity);
+pack_plan<detail::range_value_t<Range>> make_plan(
+    packer kind, const Range& length,
+    std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
+  return detail::pack(kind, detail::as_span(length), capacity);
 }
 template <class Length>
 pack_plan<Length> make_plan(packer kind, std::initializer_list<Length> length,
                             std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   return make_plan(kind, span<const Length>(length.begin(), length.size()), capacity);
 }
+
+/// The padding baseline as a plan: prompt i alone in row i, its pad slots on `side` (left as
+/// Hugging Face pads for generation). Same defaults and errors as first_fit_decreasing.
 template <class Range, class = detail::if_length_range<Range>>
-auto padded(const Range& length, padding_side side = padding_side::left,
-            std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
-  return padded(detail::as_span(length), side, capacity);
+pack_plan<detail::range_value_t<Range>> padded(
+    const Range& length, padding_side side = padding_side::left,
+    std::optional<detail::range_value_t<Range>> capacity = std::nullopt) {
+  return detail::padded_plan(detail::as_span(length), side, capacity);
 }
 template <class Length>
 pack_plan<Length> padded(std::initializer_list<Length> length,
@@ -426,7 +386,7 @@ template <class Range, class Proj,
 pack_plan<Length> make_plan(packer kind, const Range& items, Proj size_of,
                             std::optional<detail::nondeduced<Length>> capacity = std::nullopt) {
   const std::vector<Length> length = detail::project_lengths(items, size_of);
-  return make_plan<Length>(kind, span<const Length>(length), capacity);
+  return make_plan(kind, length, capacity);
 }
 
 /// How fitted_plan chooses the row width.
@@ -512,9 +472,12 @@ class row_bounds {
 /// Throws prepack::error for what first_fit_decreasing refuses, for max_pad negative or not a
 /// number, for a prompt longer than max_capacity, and when the search would exceed
 /// max_packings.
-template <class Length>
-pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_options opt = {},
-                              std::optional<std::size_t> max_packings = std::nullopt) {
+template <class Range, class = detail::if_length_range<Range>>
+pack_plan<detail::range_value_t<Range>> fitted_plan(
+    packer kind, const Range& lengths, fit_options opt = {},
+    std::optional<std::size_t> max_packings = std::nullopt) {
+  using Length = detail::range_value_t<Range>;
+  const span<const Length> length = detail::as_span(lengths);
   const Length longest = detail::checked_capacity(length, std::optional<Length>{});
   detail::require(opt.max_pad >= 0, "max_pad ", opt.max_pad, " (must be a number >= 0)");
   unsigned long long total = 0;  // the useful tokens; saturates, which only caps the width
@@ -540,55 +503,50 @@ pack_plan<Length> fitted_plan(packer kind, span<const Length> length, fit_option
   const std::vector<std::size_t> order = detail::decreasing_order(length);
   const detail::row_bounds<Length> bounds(length, total);
   std::size_t packings = 0;
-  const auto pack_at = [&](unsigned long long w, unsigned long long* same_until) {
-    if (max_packings && packings >= *max_packings) {
-      detail::fail("fitted_plan: ", *max_packings,
-                   " packings (max_packings) searched widths up to ", w, " without an answer");
+  // Widths upward from the longest prompt: a width is packed only when `worth(bound)` says its
+  // lower bound on slots (rows * width) could matter, and then each packing is handed to
+  // `visit` (true: done) and the scan jumps past the widths with the same packing.
+  const auto scan = [&](auto&& worth, auto&& visit) {
+    for (auto w = static_cast<unsigned long long>(longest); w <= widest;) {
+      const auto [rows, next] = bounds.at(w);
+      // Every width in [w, next) needs `rows` rows or more, hence rows * w slots or more.
+      if (!worth(static_cast<long double>(rows) * static_cast<long double>(w))) {
+        if (next <= w || w == widest) return;
+        w = next;
+        continue;
+      }
+      if (max_packings && packings >= *max_packings) {
+        detail::fail("fitted_plan: ", *max_packings,
+                     " packings (max_packings) searched widths up to ", w, " without an answer");
+      }
+      ++packings;
+      unsigned long long same_until = ~0ull;  // the packing is this one up to that width
+      pack_plan<Length> p =
+          detail::pack_sorted(kind, length, order, static_cast<Length>(w), &same_until);
+      if (visit(std::move(p))) return;
+      // Wider rows of the same packing have more slots: on to the next packing.
+      if (same_until <= w || w == widest) return;
+      w = same_until;
     }
-    ++packings;
-    return detail::pack_sorted(kind, length, order, static_cast<Length>(w), same_until);
   };
-  // First the narrowest width that meets the budget: a width is packed only if its bound
-  // leaves the budget within reach.
-  for (auto w = static_cast<unsigned long long>(longest); w <= widest;) {
-    const auto [rows, next] = bounds.at(w);
-    // Every width in [w, next) needs `rows` rows or more, hence rows * w slots or more.
-    if (static_cast<long double>(rows) * static_cast<long double>(w) > allowed) {
-      if (next <= w || w == widest) break;
-      w = next;
-      continue;
-    }
-    unsigned long long same_until = ~0ull;  // the packing is this one up to that width
-    pack_plan<Length> p = pack_at(w, &same_until);
-    if (slots(p) <= allowed) return p;
-    // Wider rows of the same packing have more slots: on to the next packing.
-    if (same_until <= w || w == widest) break;
-    w = same_until;
-  }
+  // First the narrowest width that meets the budget.
+  std::optional<pack_plan<Length>> found;
+  scan([&](long double bound) { return bound <= allowed; },
+       [&](pack_plan<Length>&& p) {
+         if (slots(p) > allowed) return false;
+         found = std::move(p);
+         return true;
+       });
+  if (found) return std::move(*found);
   // None does (the widest row allowed is too narrow): the fewest slots, packing only the widths
   // whose bound could beat the fewest seen.
-  std::optional<pack_plan<Length>> fewest;
-  for (auto w = static_cast<unsigned long long>(longest); w <= widest;) {
-    const auto [rows, next] = bounds.at(w);
-    if (fewest && static_cast<long double>(rows) * static_cast<long double>(w) >= slots(*fewest)) {
-      if (next <= w || w == widest) break;
-      w = next;
-      continue;
-    }
-    unsigned long long same_until = ~0ull;
-    pack_plan<Length> p = pack_at(w, &same_until);
-    if (!fewest || slots(p) < slots(*fewest)) fewest = std::move(p);
-    if (same_until <= w || w == widest) break;
-    w = same_until;
-  }
-  PREPACK_ASSERT(fewest.has_value());
-  return std::move(*fewest);
-}
-
-template <class Range, class = detail::if_length_range<Range>>
-auto fitted_plan(packer kind, const Range& length, fit_options opt = {},
-                 std::optional<std::size_t> max_packings = std::nullopt) {
-  return fitted_plan(kind, detail::as_span(length), opt, max_packings);
+  scan([&](long double bound) { return !found || bound < slots(*found); },
+       [&](pack_plan<Length>&& p) {
+         if (!found || slots(p) < slots(*found)) found = std::move(p);
+         return false;
+       });
+  PREPACK_ASSERT(found.has_value());
+  return std::move(*found);
 }
 template <class Length>
 pack_plan<Length> fitted_plan(packer kind, std::initializer_list<Length> length,
@@ -655,9 +613,11 @@ inline std::vector<std::vector<std::size_t>> arrival_batches(std::size_t n_promp
 /// Splits prompts into batches of at most `batch_size` after a stable sort by decreasing
 /// length: the length-sorted padding baseline, whose batches hold prompts of similar length.
 /// Throws for an empty batch, a length <= 0 or batch_size == 0.
-template <class Length>
-std::vector<std::vector<std::size_t>> length_sorted_batches(span<const Length> length,
+template <class Range, class = detail::if_length_range<Range>>
+std::vector<std::vector<std::size_t>> length_sorted_batches(const Range& lengths,
                                                             std::size_t batch_size) {
+  using Length = detail::range_value_t<Range>;
+  const span<const Length> length = detail::as_span(lengths);
   detail::checked_capacity(length, std::optional<Length>{});
   detail::require(batch_size > 0, "batch size ", batch_size);
   const std::vector<std::size_t> order = detail::decreasing_order(length);
@@ -669,32 +629,25 @@ std::vector<std::vector<std::size_t>> length_sorted_batches(span<const Length> l
   }
   return out;
 }
-
-/// The lengths of the prompts `ids` picks, in that order (to plan one batch of a dataset).
-/// Throws for an id out of range.
-template <class Length>
-std::vector<Length> select(span<const Length> length, span<const std::size_t> ids) {
-  for (std::size_t k = 0; k < ids.size(); ++k) {
-    detail::require(ids[k] < length.size(), "id ", k, ": prompt ", ids[k], " out of range (",
-                    length.size(), " prompts)");
-  }
-  std::vector<Length> out(ids.size());
-  for (std::size_t k = 0; k < ids.size(); ++k) out[k] = length[ids[k]];
-  return out;
-}
-
-template <class Range, class = detail::if_length_range<Range>>
-auto length_sorted_batches(const Range& length, std::size_t batch_size) {
-  return length_sorted_batches(detail::as_span(length), batch_size);
-}
 template <class Length>
 std::vector<std::vector<std::size_t>> length_sorted_batches(std::initializer_list<Length> length,
                                                             std::size_t batch_size) {
   return length_sorted_batches(span<const Length>(length.begin(), length.size()), batch_size);
 }
+
+/// The lengths of the prompts `ids` picks, in that order (to plan one batch of a dataset).
+/// Throws for an id out of range.
 template <class Range, class = detail::if_length_range<Range>>
-auto select(const Range& length, span<const std::size_t> ids) {
-  return select(detail::as_span(length), ids);
+std::vector<detail::range_value_t<Range>> select(const Range& lengths,
+                                                 span<const std::size_t> ids) {
+  const auto length = detail::as_span(lengths);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    detail::require(ids[k] < length.size(), "id ", k, ": prompt ", ids[k], " out of range (",
+                    length.size(), " prompts)");
+  }
+  std::vector<detail::range_value_t<Range>> out(ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) out[k] = length[ids[k]];
+  return out;
 }
 
 PREPACK_NAMESPACE_END

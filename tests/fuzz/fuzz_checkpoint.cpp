@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "prepack/gguf.hpp"
-#include "prepack/safetensors.hpp"
+#include "prepack/checkpoint/gguf.hpp"
+#include "prepack/checkpoint/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size == 0) return 0;
@@ -17,14 +17,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     std::vector<float> out;
     if (gguf) {
-      const prepack::gguf_file f(bytes, "fuzz.gguf");
+      const prepack::checkpoint::gguf_file f(bytes, "fuzz.gguf");
       for (const auto& t : f.tensors()) {
         if (t.offset + t.bytes > bytes.size()) __builtin_trap();
         out.resize(static_cast<std::size_t>(t.elements()));
         f.read(t, prepack::span<float>(out));
       }
     } else {
-      const prepack::safetensors_file f(bytes, "fuzz.safetensors");
+      const prepack::checkpoint::safetensors_file f(bytes, "fuzz.safetensors");
       for (const auto& t : f.tensors()) {
         if (t.offset + t.bytes > bytes.size()) __builtin_trap();
         out.resize(static_cast<std::size_t>(t.elements()));

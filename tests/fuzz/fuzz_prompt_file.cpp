@@ -5,14 +5,14 @@
 #include <sstream>
 #include <string>
 
-#include "prepack/workload.hpp"
+#include "support/workload.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   std::istringstream in(text);
   const long long limit = 1000;
   try {
-    const auto recs = prepack::read_records(in, "fuzz.txt", "token id", limit, 4096);
+    const auto recs = support::read_records(in, "fuzz.txt", "token id", limit, 4096);
     std::size_t last_line = 0;
     for (const auto& r : recs) {
       if (r.values.empty() || r.line <= last_line) __builtin_trap();

@@ -1,7 +1,7 @@
 // A driver that instantiates every std-only public template, so clang-tidy (.clang-tidy, run by
 // .ci/run) sees their bodies; also built and run as a test.
 #include <prepack/prepack.hpp>
-#include <prepack/workload.hpp>
+#include "support/workload.hpp"
 
 #include <vector>
 
@@ -38,7 +38,7 @@ int main() {
                        prepack::contiguous_view<float, 2>(g.data(), {3, 1}));
   const auto sp = prepack::split_rows(p, 1);
   const auto lb = prepack::length_sorted_batches(prepack::span<const int>(len), 2);
-  const auto w = prepack::generate_lengths(prepack::profile::heavy, 10, 1);
+  const auto w = support::generate_lengths(support::profile::heavy, 10, 1);
   const bool sane = m.size() == a.size() && v.slot.size() == t.pos.size() && c.size() == 3 &&
                     sp.size() == p.n_rows() && lb.size() == 2 && w.size() == 10 &&
                     bp.n_rows() == p.n_rows() && fp.slots() == 10;

@@ -29,7 +29,7 @@ namespace reference {
 /// means than model::forward, e.g. prepack's unpackers), so later steps may attend to them.
 inline void mark_cached(kv_pool& pool, const paged_sequence& s, std::size_t from, std::size_t to) {
   for (std::size_t p = from; p < to; ++p) {
-    pool.set_position(s.slot(p, pool.block_size()), static_cast<std::int64_t>(p));
+    pool.record_write(s.slot(p, pool.block_size()), static_cast<std::int64_t>(p));
   }
 }
 

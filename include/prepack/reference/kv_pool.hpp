@@ -1,11 +1,13 @@
 // prepack/reference/kv_pool.hpp - a paged KV pool for the reference model, vLLM's layout: per
 // layer, K and V each [n_blocks][block_size][n_kv_heads][head_dim] (a slot is block *
 // block_size + offset). The forward pass writes new keys and values through a slot mapping and
-// reads a sequence's context through its block table. The pool remembers which position each
-// slot holds, so a chunk whose context was never written is refused before anything runs.
-// Memory: 2 * n_layers * n_blocks * block_size * kv_dim floats, plus one int64 per slot.
+// reads a sequence's context through its block table. The pool remembers, per block, which
+// position its first slot holds and how many of its slots are filled, so a chunk whose context
+// was never written is refused before anything runs, with one check per block.
+// Memory: 2 * n_layers * n_blocks * block_size * kv_dim floats, plus two words per block.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -24,7 +26,7 @@ class kv_pool {
   /// An empty pool (no blocks), as a moved-from one is: assign a built one to it.
   kv_pool() = default;
   /// Throws prepack::error for an invalid config, no blocks, a block size of 0, or a size that
-  /// overflows size_t.
+  /// overflows size_t; std::bad_alloc when the pool does not fit in memory.
   kv_pool(const config& c, std::size_t n_blocks, std::size_t block_size)
       : n_layers_(c.n_layers),
         n_kv_heads_(c.n_kv_heads),
@@ -40,7 +42,8 @@ class kv_pool {
         prepack::detail::mul(per_layer, static_cast<std::size_t>(n_layers_), "kv pool");
     keys_.assign(total, 0.0f);
     values_.assign(total, 0.0f);
-    position_.assign(n_slots_, -1);
+    first_.assign(n_blocks, -1);
+    filled_.assign(n_blocks, 0);
   }
 
   int n_layers() const noexcept { return n_layers_; }
@@ -54,7 +57,7 @@ class kv_pool {
   std::size_t n_slots() const noexcept { return n_slots_; }
   std::size_t bytes() const noexcept {
     return (keys_.size() + values_.size()) * sizeof(float) +
-           position_.size() * sizeof(std::int64_t);
+           (first_.size() + filled_.size()) * sizeof(std::int64_t);
   }
 
   /// Layer l's keys / values: [n_slots][kv_dim], slot-major.
@@ -68,9 +71,32 @@ class kv_pool {
   tensor_view<float, 5> key_view() noexcept { return view(keys_.data()); }
   tensor_view<float, 5> value_view() noexcept { return view(values_.data()); }
 
-  /// The position held by each slot (-1: never written). The forward pass sets it.
-  span<const std::int64_t> positions() const noexcept { return position_; }
-  void set_position(std::size_t slot, std::int64_t pos) noexcept { position_[slot] = pos; }
+  /// Whether block b holds positions [first, first + count) in its first `count` slots: what a
+  /// sequence whose position `first` starts block b needs of its cached context.
+  bool holds(std::size_t b, std::int64_t first, std::size_t count) const noexcept {
+    return count == 0 || (first_[b] == first && static_cast<std::size_t>(filled_[b]) >= count);
+  }
+  /// The position block b's first slot holds (-1: never written) and its filled slots.
+  std::int64_t first_position(std::size_t b) const noexcept { return first_[b]; }
+  std::size_t filled(std::size_t b) const noexcept { return static_cast<std::size_t>(filled_[b]); }
+
+  /// Records that position `pos` was written at `slot` (the forward pass does, and
+  /// reference::mark_cached for K and V written by other means). A write at a block's first
+  /// slot starts the block afresh; a write that continues what the block holds extends it; any
+  /// other (a gap, another sequence's positions) leaves the block holding nothing checkable.
+  void record_write(std::size_t slot, std::int64_t pos) noexcept {
+    const std::size_t b = slot / block_size_;
+    const auto offset = static_cast<std::int64_t>(slot % block_size_);
+    if (offset == 0) {
+      first_[b] = pos;
+      filled_[b] = 1;
+    } else if (first_[b] >= 0 && first_[b] == pos - offset && filled_[b] >= offset) {
+      filled_[b] = std::max(filled_[b], offset + 1);
+    } else {
+      first_[b] = -1;
+      filled_[b] = 0;
+    }
+  }
 
  private:
   std::size_t offset(int layer) const noexcept {
@@ -84,9 +110,10 @@ class kv_pool {
 
   int n_layers_ = 0, n_kv_heads_ = 0, head_dim_ = 0;
   std::size_t n_blocks_ = 0, block_size_ = 0, n_slots_ = 0;
-  std::vector<float> keys_;             // [n_layers][n_slots][kv_dim]
-  std::vector<float> values_;           // [n_layers][n_slots][kv_dim]
-  std::vector<std::int64_t> position_;  // [n_slots]  position written at each slot, -1 if none
+  std::vector<float> keys_;           // [n_layers][n_slots][kv_dim]
+  std::vector<float> values_;         // [n_layers][n_slots][kv_dim]
+  std::vector<std::int64_t> first_;   // [n_blocks]  position held by the block's first slot
+  std::vector<std::int64_t> filled_;  // [n_blocks]  slots filled, from the first on
 };
 
 /// A sequence cached in a pool: its blocks and how many positions are filled.
@@ -96,7 +123,8 @@ struct paged_sequence {
 
   /// The pool slot of position p.
   std::size_t slot(std::size_t p, std::size_t block_size) const {
-    return static_cast<std::size_t>(blocks[p / block_size]) * block_size + p % block_size;
+    return static_cast<std::size_t>(
+        block_row<std::int32_t>{span<const std::int32_t>(blocks), block_size}.slot(p));
   }
 };
 

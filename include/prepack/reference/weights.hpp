@@ -14,7 +14,7 @@
 
 #include "../detail/random.hpp"
 #include "../error.hpp"
-#include "detail/ops.hpp"
+#include "matrix.hpp"
 
 PREPACK_NAMESPACE_BEGIN
 namespace reference {

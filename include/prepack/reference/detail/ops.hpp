@@ -11,14 +11,10 @@
 #include <vector>
 
 #include "../../config.hpp"
+#include "../matrix.hpp"
 
 PREPACK_NAMESPACE_BEGIN
 namespace reference {
-
-/// Activations and weights: row-major, so a token's features are contiguous.
-using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using vector = Eigen::VectorXf;
-
 namespace detail {
 
 // 1 / sqrt(mean(x^2) + eps) of one token's n features: RMSNorm's scale. The norm's weight is

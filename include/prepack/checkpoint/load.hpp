@@ -1,9 +1,9 @@
-// prepack/reference/checkpoint.hpp - real checkpoints into the reference model: a GGUF file
+// prepack/checkpoint/load.hpp - real checkpoints into the reference model: a GGUF file
 // (llama.cpp's format; architectures llama and qwen2) or a Hugging Face model directory
 // (config.json + model.safetensors, or shards listed in model.safetensors.index.json;
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM). Tensors are converted to fp32 one at
-// a time from memory-mapped files. Link prepack::checkpoint (nlohmann-json for config.json and
-// safetensors headers).
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM). Tensors are dequantized to fp32 one at
+// a time from memory-mapped files. Link prepack::checkpoint (POSIX; nlohmann-json for config.json
+// and safetensors headers; the reference model's weights).
 //
 // Two conventions differ from the reference model's (Hugging Face's):
 //  - ggml's dimension order: a GGUF tensor {in, out} holds torch's [out][in] rows, transposed
@@ -18,6 +18,7 @@
 #include <Eigen/Core>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -31,32 +32,29 @@
 #include <nlohmann/json.hpp>
 
 #include "../error.hpp"
-#include "../gguf.hpp"
-#include "../safetensors.hpp"
-#include "weights.hpp"
+#include "../reference/weights.hpp"
+#include "gguf.hpp"
+#include "mapped_file.hpp"
+#include "safetensors.hpp"
 
 PREPACK_NAMESPACE_BEGIN
-namespace reference {
+namespace checkpoint {
 
 /// A checkpoint's description, from its headers alone.
-struct checkpoint_info {
+struct info {
   std::string path, name, format, architecture;  // format: "gguf" or "safetensors"
-  config cfg;
+  reference::config cfg;
   std::map<std::string, std::size_t> tensor_types;  // type name -> tensors of that type
   double n_params = 0;                              // parameters in the file
 };
 
 /// A loaded checkpoint: its description and its weights in the model's (semantic) form.
-struct checkpoint {
-  checkpoint_info info;
-  weights w;
+struct loaded {
+  checkpoint::info info;
+  reference::weights weights;
 };
 
 namespace detail {
-
-inline bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
 
 inline std::string file_stem(const std::string& path) {
   std::string s = path;
@@ -93,9 +91,10 @@ inline std::vector<float> unpermute_rows(const std::vector<float>& w, std::size_
 }
 
 // A torch-order [rows][cols] buffer as the model's [cols][rows] matrix.
-inline matrix transposed(const std::vector<float>& w, std::size_t rows, std::size_t cols) {
-  return Eigen::Map<const matrix>(w.data(), static_cast<Eigen::Index>(rows),
-                                  static_cast<Eigen::Index>(cols))
+inline reference::matrix transposed(const std::vector<float>& w, std::size_t rows,
+                                    std::size_t cols) {
+  return Eigen::Map<const reference::matrix>(w.data(), static_cast<Eigen::Index>(rows),
+                                             static_cast<Eigen::Index>(cols))
       .transpose();
 }
 
@@ -122,15 +121,17 @@ inline void expect_shape(const tensor_source& src, const std::string& name,
 }
 
 // Builds the weights from Hugging Face-named tensors; permuted: undo llama.cpp's Q/K order.
-inline weights build_weights(const config& c, const tensor_source& src, bool permuted) {
+inline reference::weights build_weights(const reference::config& c, const tensor_source& src,
+                                        bool permuted) {
   const auto u = [](int v) { return static_cast<std::uint64_t>(v); };
   const std::uint64_t h = u(c.hidden), q = u(c.q_dim()), kv = u(c.kv_dim()), f = u(c.ffn),
                       v = u(c.vocab);
-  weights w;
+  reference::weights w;
   const auto vec = [&](const std::string& name, std::uint64_t n) {
     expect_shape(src, name, {n});
     const auto x = src.read(name);
-    return vector(Eigen::Map<const vector>(x.data(), static_cast<Eigen::Index>(n)));
+    return reference::vector(
+        Eigen::Map<const reference::vector>(x.data(), static_cast<Eigen::Index>(n)));
   };
   const auto lin = [&](const std::string& name, std::uint64_t out, std::uint64_t in,
                        std::size_t heads) {
@@ -143,18 +144,19 @@ inline weights build_weights(const config& c, const tensor_source& src, bool per
     expect_shape(src, name, {n});
     auto x = src.read(name);
     if (heads > 0) x = unpermute_rows(x, n, 1, heads);
-    return vector(Eigen::Map<const vector>(x.data(), static_cast<Eigen::Index>(n)));
+    return reference::vector(
+        Eigen::Map<const reference::vector>(x.data(), static_cast<Eigen::Index>(n)));
   };
   expect_shape(src, "model.embed_tokens.weight", {v, h});
   {
     const auto x = src.read("model.embed_tokens.weight");
-    w.embed = Eigen::Map<const matrix>(x.data(), c.vocab, c.hidden);
+    w.embed = Eigen::Map<const reference::matrix>(x.data(), c.vocab, c.hidden);
   }
   const std::size_t qh = permuted ? static_cast<std::size_t>(c.n_heads) : 0;
   const std::size_t kh = permuted ? static_cast<std::size_t>(c.n_kv_heads) : 0;
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    layer_weights lw;
+    reference::layer_weights lw;
     lw.attn_norm = vec(p + "input_layernorm.weight", h);
     lw.wq = lin(p + "self_attn.q_proj.weight", q, h, qh);
     lw.wk = lin(p + "self_attn.k_proj.weight", kv, h, kh);
@@ -230,20 +232,20 @@ inline tensor_source gguf_tensors(const gguf_source& g) {
 }
 
 // Reads a GGUF file's header and its config; `src` keeps the mapping for the weights.
-inline checkpoint_info inspect_gguf(const std::string& path, gguf_source& src) {
+inline info inspect_gguf(const std::string& path, gguf_source& src) {
   using prepack::detail::require;
   src.file = std::make_shared<mapped_file>(path);
   src.gguf = std::make_shared<gguf_file>(src.file->bytes(), path);
   const gguf_file& g = *src.gguf;
-  checkpoint_info info;
-  info.path = path;
-  info.format = "gguf";
-  info.architecture = g.text("general.architecture");
-  const std::string& a = info.architecture;
+  info out;
+  out.path = path;
+  out.format = "gguf";
+  out.architecture = g.text("general.architecture");
+  const std::string& a = out.architecture;
   require(a == "llama" || a == "qwen2", path, ": architecture ", a,
           " is not supported (llama, qwen2)");
-  info.name = g.has("general.name") ? g.text("general.name") : file_stem(path);
-  config& c = info.cfg;
+  out.name = g.has("general.name") ? g.text("general.name") : file_stem(path);
+  reference::config& c = out.cfg;
   const auto int_of = [&](const std::string& key) {
     const long long v = g.integer(a + "." + key);
     require(v > 0 && v < (1ll << 31), path, ": metadata ", a, ".", key, " = ", v);
@@ -283,10 +285,10 @@ inline checkpoint_info inspect_gguf(const std::string& path, gguf_source& src) {
   }
   require(c.n_layers <= 4096 && c.hidden <= (1 << 20), path, ": absurd shape");
   for (const gguf_tensor& t : g.tensors()) {
-    ++info.tensor_types[ggml_type_name(t.type)];
-    info.n_params += static_cast<double>(t.elements());
+    ++out.tensor_types[ggml_type_name(t.type)];
+    out.n_params += static_cast<double>(t.elements());
   }
-  return info;
+  return out;
 }
 
 struct safetensors_source {
@@ -321,15 +323,15 @@ inline nlohmann::json read_json(const std::string& path) {
   }
 }
 
-inline checkpoint_info inspect_safetensors(const std::string& dir, safetensors_source& src) {
+inline info inspect_safetensors(const std::string& dir, safetensors_source& src) {
   using prepack::detail::require;
   const std::string cfg_path = dir + "/config.json";
   const nlohmann::json j = read_json(cfg_path);
   require(j.is_object(), cfg_path, ": not a JSON object");
-  checkpoint_info info;
-  info.path = dir;
-  info.format = "safetensors";
-  info.name = file_stem(dir);
+  info out;
+  out.path = dir;
+  out.format = "safetensors";
+  out.name = file_stem(dir);
   std::string arch = j.contains("architectures") && j["architectures"].is_array() &&
                              !j["architectures"].empty() && j["architectures"][0].is_string()
                          ? j["architectures"][0].get<std::string>()
@@ -337,7 +339,7 @@ inline checkpoint_info inspect_safetensors(const std::string& dir, safetensors_s
   require(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM",
           cfg_path, ": architecture '", arch,
           "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
-  info.architecture = arch;
+  out.architecture = arch;
   const auto num = [&](const char* key, bool required, double fallback) {
     if (!j.contains(key) || j[key].is_null()) {
       require(!required, cfg_path, ": ", key, " missing");
@@ -352,7 +354,7 @@ inline checkpoint_info inspect_safetensors(const std::string& dir, safetensors_s
             cfg_path, ": ", key, " = ", v);
     return static_cast<int>(v);
   };
-  config& c = info.cfg;
+  reference::config& c = out.cfg;
   c.hidden = count("hidden_size", true, 0);
   c.n_layers = count("num_hidden_layers", true, 0);
   c.n_heads = count("num_attention_heads", true, 0);
@@ -396,45 +398,67 @@ inline checkpoint_info inspect_safetensors(const std::string& dir, safetensors_s
     for (const auto& t : src.parsed.back()->tensors()) {
       require(src.where.count(t.name) == 0, f, ": tensor ", t.name, " is also in another shard");
       src.where[t.name] = src.parsed.size() - 1;
-      ++info.tensor_types[t.dtype];
-      info.n_params += static_cast<double>(t.elements());
+      ++out.tensor_types[t.dtype];
+      out.n_params += static_cast<double>(t.elements());
     }
   }
-  return info;
+  return out;
+}
+
+// True when `path` names a directory (a Hugging Face model); anything else is read as GGUF.
+inline bool is_directory(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec);
+}
+
+// Runs a reading step, turning what nlohmann-json throws on a value of an unexpected JSON type
+// into prepack::error naming the checkpoint.
+template <class F>
+auto json_guarded(const std::string& path, F&& f) {
+  try {
+    return f();
+  } catch (const nlohmann::json::exception& e) {
+    prepack::detail::fail(path, ": ", e.what());
+  }
 }
 
 }  // namespace detail
 
-/// The description of a checkpoint (a .gguf file, or a Hugging Face model directory) from its
+/// The description of a checkpoint (a GGUF file, or a Hugging Face model directory) from its
 /// headers, without converting a weight. Throws prepack::error naming the file and item.
-inline checkpoint_info inspect_checkpoint(const std::string& path) {
-  if (detail::ends_with(path, ".gguf")) {
-    detail::gguf_source src;
-    return detail::inspect_gguf(path, src);
-  }
-  detail::safetensors_source src;
-  return detail::inspect_safetensors(path, src);
+inline info inspect(const std::string& path) {
+  return detail::json_guarded(path, [&] {
+    if (!detail::is_directory(path)) {
+      detail::gguf_source src;
+      return detail::inspect_gguf(path, src);
+    }
+    detail::safetensors_source src;
+    return detail::inspect_safetensors(path, src);
+  });
 }
 
 /// Loads a checkpoint: its description and fp32 weights in the model's form (Q/K rows of a
 /// llama GGUF unpermuted). Throws prepack::error naming the file and the item for anything the
 /// parsers refuse, an unsupported architecture, a missing tensor, or a shape that disagrees
-/// with the config.
-inline checkpoint load_checkpoint(const std::string& path) {
-  checkpoint out;
-  if (detail::ends_with(path, ".gguf")) {
-    detail::gguf_source src;
-    out.info = detail::inspect_gguf(path, src);
-    out.w = detail::build_weights(out.info.cfg, detail::gguf_tensors(src),
-                                  out.info.architecture == "llama");
-  } else {
-    auto src = std::make_shared<detail::safetensors_source>();
-    out.info = detail::inspect_safetensors(path, *src);
-    out.w = detail::build_weights(out.info.cfg, detail::safetensors_tensors(src, path), false);
-  }
-  check_weights(out.info.cfg, out.w);
-  return out;
+/// with the config; std::bad_alloc when the weights do not fit in memory.
+inline loaded load(const std::string& path) {
+  return detail::json_guarded(path, [&] {
+    loaded out;
+    if (!detail::is_directory(path)) {
+      detail::gguf_source src;
+      out.info = detail::inspect_gguf(path, src);
+      out.weights = detail::build_weights(out.info.cfg, detail::gguf_tensors(src),
+                                          out.info.architecture == "llama");
+    } else {
+      auto src = std::make_shared<detail::safetensors_source>();
+      out.info = detail::inspect_safetensors(path, *src);
+      out.weights =
+          detail::build_weights(out.info.cfg, detail::safetensors_tensors(src, path), false);
+    }
+    reference::check_weights(out.info.cfg, out.weights);
+    return out;
+  });
 }
 
-}  // namespace reference
+}  // namespace checkpoint
 PREPACK_NAMESPACE_END

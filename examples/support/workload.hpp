@@ -1,6 +1,7 @@
-// prepack/workload.hpp - named prompt-length profiles for demos, tests and benchmarks, and a
-// reader for prompt files. Deterministic: the same (profile, n, seed, max_len) gives the same
-// lengths on every platform (its generator is splitmix64, not <random>'s distributions).
+// support/workload.hpp - named prompt-length profiles for the examples, tests and benchmarks, and
+// a reader for prompt files (not part of the library: not installed). Deterministic: the same
+// (profile, n, seed, max_len) gives the same lengths on every platform (its generator is
+// splitmix64, not <random>'s distributions).
 //
 //  equal      every prompt max_len / 2 tokens: nothing to save, the control.
 //  mild       uniform in [max_len / 2, max_len]: padding wastes about 1/3.
@@ -20,10 +21,10 @@
 #include <string>
 #include <vector>
 
-#include "detail/random.hpp"
-#include "error.hpp"
+#include "prepack/detail/random.hpp"
+#include "prepack/error.hpp"
 
-PREPACK_NAMESPACE_BEGIN
+namespace support {
 
 enum class profile { equal, mild, heavy, heavy_cut, one_long };
 
@@ -54,15 +55,15 @@ inline profile parse_profile(const std::string& name) {
   for (profile p : all_profiles()) {
     if (name == profile_name(p)) return p;
   }
-  detail::fail("unknown profile '", name, "' (equal, mild, heavy, heavy-cut, one-long)");
+  prepack::detail::fail("unknown profile '", name, "' (equal, mild, heavy, heavy-cut, one-long)");
 }
 
 /// n prompt lengths of profile p. Throws prepack::error for n == 0 or max_len < 8.
 inline std::vector<int> generate_lengths(profile p, std::size_t n, std::uint64_t seed,
                                          int max_len = 512) {
-  detail::require(n > 0, "workload: 0 prompts");
-  detail::require(max_len >= 8, "workload: max_len ", max_len, " (at least 8)");
-  detail::splitmix g(seed);
+  prepack::detail::require(n > 0, "workload: 0 prompts");
+  prepack::detail::require(max_len >= 8, "workload: max_len ", max_len, " (at least 8)");
+  prepack::detail::splitmix g(seed);
   std::vector<int> len(n);
   const auto lognormal = [&](int hi) {
     const double v = std::exp(std::log(max_len / 8.0) + 1.25 * g.normal());
@@ -95,11 +96,11 @@ inline std::vector<int> generate_lengths(profile p, std::size_t n, std::uint64_t
 /// id of 0 out of the prompts, which changes nothing but reads better).
 inline std::vector<std::vector<int>> generate_prompts(const std::vector<int>& lengths, int vocab,
                                                       std::uint64_t seed, int first = 1) {
-  detail::require(vocab > first, "workload: vocab ", vocab);
-  detail::splitmix g(seed ^ 0x5DEECE66Dull);
+  prepack::detail::require(vocab > first, "workload: vocab ", vocab);
+  prepack::detail::splitmix g(seed ^ 0x5DEECE66Dull);
   std::vector<std::vector<int>> p(lengths.size());
   for (std::size_t i = 0; i < lengths.size(); ++i) {
-    detail::require(lengths[i] > 0, "prompt ", i, ": length ", lengths[i]);
+    prepack::detail::require(lengths[i] > 0, "prompt ", i, ": length ", lengths[i]);
     p[i].resize(static_cast<std::size_t>(lengths[i]));
     for (int& t : p[i]) t = g.between(first, vocab - 1);
   }
@@ -141,9 +142,9 @@ inline bool parse_prefix_profile(const std::string& name, prefix_profile& out) {
 inline std::vector<std::vector<int>> generate_prefixed_prompts(prefix_profile p, std::size_t n,
                                                                int vocab, std::uint64_t seed,
                                                                int first = 1) {
-  detail::require(n > 0, "workload: 0 prompts");
-  detail::require(vocab > first, "workload: vocab ", vocab);
-  detail::splitmix g(seed ^ 0xC0FFEEull);
+  prepack::detail::require(n > 0, "workload: 0 prompts");
+  prepack::detail::require(vocab > first, "workload: vocab ", vocab);
+  prepack::detail::splitmix g(seed ^ 0xC0FFEEull);
   const auto lognormal = [&](double median, int lo, int hi) {
     const double v = std::exp(std::log(median) + 1.0 * g.normal());
     return static_cast<int>(std::lround(std::min<double>(hi, std::max<double>(lo, v))));
@@ -215,21 +216,23 @@ inline std::vector<record> read_records(std::istream& in, const std::string& sou
         if (!overflow) v = v * 10 + digit;
       }
       if (!digits)
-        detail::fail(source, ":", line_no, ": ", what, " '", shown,
-                     "' is not a non-negative integer");
+        prepack::detail::fail(source, ":", line_no, ": ", what, " '", shown,
+                              "' is not a non-negative integer");
       if (overflow || limit <= 0 || v >= static_cast<unsigned long long>(limit))
-        detail::fail(source, ":", line_no, ": ", what, " ", shown, " is not below ", limit);
+        prepack::detail::fail(source, ":", line_no, ": ", what, " ", shown, " is not below ",
+                              limit);
       if (rec.values.size() == max_per_line) {
-        detail::fail(source, ":", line_no, ": more than ", max_per_line, " values on one line");
+        prepack::detail::fail(source, ":", line_no, ": more than ", max_per_line,
+                              " values on one line");
       }
       rec.values.push_back(static_cast<long long>(v));
       i = j;
     }
     if (!rec.values.empty()) out.push_back(std::move(rec));
   }
-  detail::require(!in.bad(), source, ": read error");
-  detail::require(!out.empty(), source, ": no records (empty input?)");
+  prepack::detail::require(!in.bad(), source, ": read error");
+  prepack::detail::require(!out.empty(), source, ": no records (empty input?)");
   return out;
 }
 
-PREPACK_NAMESPACE_END
+}  // namespace support

@@ -1,5 +1,6 @@
-// A small command-line parser for prepack's example binaries: --flag VALUE and --switch forms,
-// integers range-checked, every mistake reported as one line naming the flag and value.
+// support/cli.hpp - a small command-line parser for prepack's example binaries: --flag VALUE and
+// --switch forms, integers range-checked, every mistake reported as one line naming the flag and
+// value.
 #pragma once
 
 #include <cerrno>
@@ -17,7 +18,7 @@
 #include "prepack/error.hpp"
 #include "prepack/plan.hpp"
 
-namespace cli {
+namespace support {
 
 /// A usage mistake: the binary prints what() and exits with code 2.
 struct usage_error : std::runtime_error {
@@ -117,11 +118,18 @@ prepack::pack_plan<Length> plan_from_flags(const args& a, prepack::packer kind,
   return prepack::fitted_plan(kind, length, fit);
 }
 
-/// Runs a binary's body and turns the mistakes a user can make into one line on stderr and exit
-/// code 2: a bad flag (usage_error), bad input (prepack::error), a workload too big for memory.
-/// Anything else is a bug and propagates.
+/// The union of two flag sets (a binary's own flags and the shared model flags).
+inline std::set<std::string> with(std::set<std::string> a, const std::set<std::string>& b) {
+  a.insert(b.begin(), b.end());
+  return a;
+}
+
+/// Runs a binary's body and turns whatever escapes it into one line on stderr and an exit code,
+/// never std::terminate: 2 for a caller's mistake (a bad flag: usage_error; bad input:
+/// prepack::error; a workload too big for this machine's memory: std::bad_alloc), 1 for anything
+/// else (a bug, reported as such).
 template <class Body>
-int guarded_main(const char* program, Body&& body) {
+int guarded_main(const char* program, Body&& body) noexcept {
   try {
     return body();
   } catch (const usage_error& e) {
@@ -129,9 +137,18 @@ int guarded_main(const char* program, Body&& body) {
   } catch (const prepack::error& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "%s: out of memory for this workload\n", program);
+    std::fprintf(stderr,
+                 "%s: out of memory for this workload (use fewer or shorter prompts or a "
+                 "smaller model)\n",
+                 program);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: internal error: %s\n", program, e.what());
+    return 1;
+  } catch (...) {
+    std::fprintf(stderr, "%s: internal error (an unknown exception)\n", program);
+    return 1;
   }
   return 2;
 }
 
-}  // namespace cli
+}  // namespace support

@@ -1,0 +1,176 @@
+// support/model_flags.hpp - the model every example binary runs, from the same flags: a seeded
+// Llama-style model (--vocab --hidden --layers --heads --kv-heads --head-dim --ffn --rope-theta)
+// or a checkpoint (--model PATH, when the binary is built with prepack::checkpoint and
+// PREPACK_SUPPORT_CHECKPOINTS), its weights in fp32 or bf16 (--bf16), its GEMMs on a backend
+// (--backend) with a thread count (--threads). Not part of the library.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "prepack/reference.hpp"
+#include "support/cli.hpp"
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+#include "prepack/checkpoint.hpp"
+#endif
+
+namespace support {
+
+namespace ref = prepack::reference;
+
+/// The flags parse_model reads: valued ones and switches.
+inline const std::set<std::string>& model_valued_flags() {
+  static const std::set<std::string> f{"--vocab",    "--hidden",   "--layers", "--heads",
+                                       "--kv-heads", "--head-dim", "--ffn",    "--rope-theta",
+                                       "--model",    "--backend",  "--threads"};
+  return f;
+}
+inline const std::set<std::string>& model_switches() {
+  static const std::set<std::string> f{"--bf16"};
+  return f;
+}
+
+/// Help text for the model flags, shared by the binaries' --help.
+inline const char* model_help() {
+  return R"(Model (default: Llama-style, vocab 4096, hidden 256, 4 layers, 8 heads, 2 kv heads,
+       head dim 32, ffn 688, rope theta 10000, seeded weights):
+  --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
+  --rope-theta X
+  --model PATH        a real checkpoint instead: a .gguf file (llama, qwen2) or a Hugging Face
+                      model directory (config.json + safetensors)
+  --bf16              hold the projection weights in bf16 (activations rounded to bf16,
+                      products accumulated in fp32; native where oneDNN runs bf16 here,
+                      emulated elsewhere, and the output says which)
+  --backend auto|eigen|onednn
+                      the GEMM library (default auto: oneDNN when the build has it)
+  --threads N         threads (default: all cores)
+)";
+}
+
+/// A model as the flags describe it, before its weights exist.
+struct model_choice {
+  ref::config cfg;
+  std::string path;  // a checkpoint, or empty: seeded weights
+  std::uint64_t seed = 1;
+  ref::model_options options;
+  ref::gemm_backend backend = ref::gemm_backend::automatic;  // resolved
+  int threads = 0;
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  std::optional<prepack::checkpoint::info> info;  // the checkpoint's, read from its headers
+#endif
+};
+
+/// Reads the model flags (a checkpoint's headers too, without converting a weight). Throws
+/// usage_error for a bad flag, prepack::error for a bad config or checkpoint.
+inline model_choice parse_model(const args& a, std::uint64_t seed) {
+  model_choice m;
+  m.seed = seed;
+  m.path = a.str("--model", "");
+  ref::config& c = m.cfg;
+  if (!m.path.empty()) {
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+    for (const char* flag : {"--vocab", "--hidden", "--layers", "--heads", "--kv-heads",
+                             "--head-dim", "--ffn", "--rope-theta"}) {
+      if (a.has(flag)) throw usage_error(std::string(flag) + " cannot be combined with --model");
+    }
+    m.info = prepack::checkpoint::inspect(m.path);
+    c = m.info->cfg;
+#else
+    throw usage_error("--model: this build has no checkpoint loader (needs nlohmann-json)");
+#endif
+  } else {
+    c.vocab = static_cast<int>(a.integer("--vocab", 4096, 2, 1 << 20));
+    c.hidden = static_cast<int>(a.integer("--hidden", 256, 1, 1 << 14));
+    c.n_layers = static_cast<int>(a.integer("--layers", 4, 1, 256));
+    c.n_heads = static_cast<int>(a.integer("--heads", 8, 1, 1024));
+    c.n_kv_heads = static_cast<int>(a.integer("--kv-heads", 2, 1, 1024));
+    c.head_dim = static_cast<int>(a.integer("--head-dim", 32, 0, 1024));
+    c.ffn = static_cast<int>(a.integer("--ffn", 688, 1, 1 << 16));
+    c.rope_theta = a.real("--rope-theta", 10000.0, 1.0001, 1e12);
+  }
+  c.validate();
+  m.options.weights = a.has("--bf16") ? ref::weight_type::bf16 : ref::weight_type::f32;
+  const std::string backend = a.choice("--backend", "auto", {"auto", "eigen", "onednn"});
+  m.backend = ref::resolve(backend == "eigen"    ? ref::gemm_backend::eigen
+                           : backend == "onednn" ? ref::gemm_backend::onednn
+                                                 : ref::gemm_backend::automatic);
+  m.threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
+  return m;
+}
+
+/// The model's weights: loaded from the checkpoint, or seeded. Throws prepack::error for a bad
+/// checkpoint, std::bad_alloc when the weights do not fit.
+inline ref::model build_model(const model_choice& m) {
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  if (!m.path.empty())
+    return ref::model(m.cfg, prepack::checkpoint::load(m.path).weights, m.options);
+#endif
+  return ref::model(m.cfg, m.seed, m.options);
+}
+
+/// How bf16 weights run here ("native (avx512_core_bf16)", "emulated on avx2"), or "" for fp32.
+inline std::string bf16_description(const model_choice& m) {
+  if (m.options.weights != ref::weight_type::bf16) return "";
+  return ref::bf16_path(m.backend).describe();
+}
+
+/// "model: 4 layers, hidden 256, ...; f32 weights; 2 threads, onednn GEMMs" and, for a
+/// checkpoint, a line before it naming it.
+inline std::string describe(const model_choice& m) {
+  const ref::config& c = m.cfg;
+  std::string out;
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  if (m.info) {
+    std::string types;
+    for (const auto& [t, n] : m.info->tensor_types) {
+      types += (types.empty() ? "" : ", ") + t + " x " + std::to_string(n);
+    }
+    char line[256];
+    std::snprintf(line, sizeof line, "%.1fM parameters", m.info->n_params / 1e6);
+    out += "checkpoint: " + m.info->name + " (" + m.info->architecture + ", " + m.info->format +
+           "), " + line + "; tensors " + types + "\n";
+  }
+#endif
+  const std::string bf16 = bf16_description(m);
+  out += "model: " + std::to_string(c.n_layers) + " layers, hidden " + std::to_string(c.hidden) +
+         ", " + std::to_string(c.n_heads) + " heads / " + std::to_string(c.n_kv_heads) +
+         " kv heads x " + std::to_string(c.head_size()) + ", ffn " + std::to_string(c.ffn) +
+         ", vocab " + std::to_string(c.vocab) + "; " + ref::weight_type_name(m.options.weights) +
+         " weights" + (bf16.empty() ? "" : " (bf16: " + bf16 + ")") + "; " +
+         std::to_string(ref::threads_for(m.threads)) + " threads, " + ref::backend_name(m.backend) +
+         " GEMMs";
+  return out;
+}
+
+/// The same as JSON: {"name", "architecture", "format", "params" (checkpoints), "weights",
+/// "bf16" (bf16 weights), "vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "ffn",
+/// "rope_theta"}.
+inline nlohmann::ordered_json describe_json(const model_choice& m) {
+  const ref::config& c = m.cfg;
+  nlohmann::ordered_json j;
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  if (m.info) {
+    j["name"] = m.info->name;
+    j["architecture"] = m.info->architecture;
+    j["format"] = m.info->format;
+    j["params"] = static_cast<long long>(m.info->n_params);
+  }
+#endif
+  j["weights"] = ref::weight_type_name(m.options.weights);
+  if (m.options.weights == ref::weight_type::bf16) j["bf16"] = bf16_description(m);
+  j["vocab"] = c.vocab;
+  j["hidden"] = c.hidden;
+  j["layers"] = c.n_layers;
+  j["heads"] = c.n_heads;
+  j["kv_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_size();
+  j["ffn"] = c.ffn;
+  j["rope_theta"] = c.rope_theta;
+  return j;
+}
+
+}  // namespace support

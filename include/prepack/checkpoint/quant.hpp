@@ -1,0 +1,418 @@
+// prepack/checkpoint/quant.hpp - ggml's tensor types (the numbers GGUF files store), the size of
+// their blocks, and their dequantization to fp32 exactly as ggml defines each block
+// (ggml-common.h, dequantize_row_* in ggml-quants.c): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Results equal gguf-py's gguf.quants.dequantize bit for bit:
+// every product and sum is rounded to fp32 on its own, never fused into an FMA.
+// Standard library only. Cost: O(elements) per row, no allocation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+#include "../error.hpp"
+#include "../numeric.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+namespace checkpoint {
+
+/// ggml's tensor types, by the number a GGUF file stores (ggml.h, enum ggml_type).
+enum class ggml_type : std::uint32_t {
+  f32 = 0,
+  f16 = 1,
+  q4_0 = 2,
+  q4_1 = 3,
+  q5_0 = 6,
+  q5_1 = 7,
+  q8_0 = 8,
+  q8_1 = 9,
+  q2_k = 10,
+  q3_k = 11,
+  q4_k = 12,
+  q5_k = 13,
+  q6_k = 14,
+  q8_k = 15,
+  iq2_xxs = 16,
+  iq2_xs = 17,
+  iq3_xxs = 18,
+  iq1_s = 19,
+  iq4_nl = 20,
+  iq3_s = 21,
+  iq2_s = 22,
+  iq4_xs = 23,
+  i8 = 24,
+  i16 = 25,
+  i32 = 26,
+  i64 = 27,
+  f64 = 28,
+  iq1_m = 29,
+  bf16 = 30,
+  tq1_0 = 34,
+  tq2_0 = 35,
+  mxfp4 = 39,
+};
+
+/// ggml's name of a type ("Q4_K"), or nullptr for a number ggml does not define here.
+inline const char* ggml_type_name(ggml_type t) noexcept {
+  switch (t) {
+    case ggml_type::f32:
+      return "F32";
+    case ggml_type::f16:
+      return "F16";
+    case ggml_type::q4_0:
+      return "Q4_0";
+    case ggml_type::q4_1:
+      return "Q4_1";
+    case ggml_type::q5_0:
+      return "Q5_0";
+    case ggml_type::q5_1:
+      return "Q5_1";
+    case ggml_type::q8_0:
+      return "Q8_0";
+    case ggml_type::q8_1:
+      return "Q8_1";
+    case ggml_type::q2_k:
+      return "Q2_K";
+    case ggml_type::q3_k:
+      return "Q3_K";
+    case ggml_type::q4_k:
+      return "Q4_K";
+    case ggml_type::q5_k:
+      return "Q5_K";
+    case ggml_type::q6_k:
+      return "Q6_K";
+    case ggml_type::q8_k:
+      return "Q8_K";
+    case ggml_type::iq2_xxs:
+      return "IQ2_XXS";
+    case ggml_type::iq2_xs:
+      return "IQ2_XS";
+    case ggml_type::iq3_xxs:
+      return "IQ3_XXS";
+    case ggml_type::iq1_s:
+      return "IQ1_S";
+    case ggml_type::iq4_nl:
+      return "IQ4_NL";
+    case ggml_type::iq3_s:
+      return "IQ3_S";
+    case ggml_type::iq2_s:
+      return "IQ2_S";
+    case ggml_type::iq4_xs:
+      return "IQ4_XS";
+    case ggml_type::i8:
+      return "I8";
+    case ggml_type::i16:
+      return "I16";
+    case ggml_type::i32:
+      return "I32";
+    case ggml_type::i64:
+      return "I64";
+    case ggml_type::f64:
+      return "F64";
+    case ggml_type::iq1_m:
+      return "IQ1_M";
+    case ggml_type::bf16:
+      return "BF16";
+    case ggml_type::tq1_0:
+      return "TQ1_0";
+    case ggml_type::tq2_0:
+      return "TQ2_0";
+    case ggml_type::mxfp4:
+      return "MXFP4";
+  }
+  return nullptr;
+}
+
+/// A type's block: `elements` values stored in `bytes` bytes (1 and the element size for the
+/// plain float types).
+struct ggml_block {
+  std::uint64_t elements = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// The block of a type prepack dequantizes, or nothing for one it does not (its name, if ggml
+/// has one, says what it is).
+inline std::optional<ggml_block> dequantizable_block(ggml_type t) noexcept {
+  constexpr std::uint64_t qk_k = 256;
+  switch (t) {
+    case ggml_type::f32:
+      return ggml_block{1, 4};
+    case ggml_type::f16:
+      return ggml_block{1, 2};
+    case ggml_type::bf16:
+      return ggml_block{1, 2};
+    case ggml_type::q4_0:
+      return ggml_block{32, 2 + 16};
+    case ggml_type::q4_1:
+      return ggml_block{32, 2 + 2 + 16};
+    case ggml_type::q5_0:
+      return ggml_block{32, 2 + 4 + 16};
+    case ggml_type::q5_1:
+      return ggml_block{32, 2 + 2 + 4 + 16};
+    case ggml_type::q8_0:
+      return ggml_block{32, 2 + 32};
+    case ggml_type::q2_k:
+      return ggml_block{qk_k, qk_k / 16 + qk_k / 4 + 2 + 2};
+    case ggml_type::q3_k:
+      return ggml_block{qk_k, qk_k / 8 + qk_k / 4 + 12 + 2};
+    case ggml_type::q4_k:
+      return ggml_block{qk_k, 2 + 2 + 12 + qk_k / 2};
+    case ggml_type::q5_k:
+      return ggml_block{qk_k, 2 + 2 + 12 + qk_k / 8 + qk_k / 2};
+    case ggml_type::q6_k:
+      return ggml_block{qk_k, qk_k / 2 + qk_k / 4 + qk_k / 16 + 2};
+    case ggml_type::q8_1:
+    case ggml_type::q8_k:
+    case ggml_type::iq2_xxs:
+    case ggml_type::iq2_xs:
+    case ggml_type::iq3_xxs:
+    case ggml_type::iq1_s:
+    case ggml_type::iq4_nl:
+    case ggml_type::iq3_s:
+    case ggml_type::iq2_s:
+    case ggml_type::iq4_xs:
+    case ggml_type::i8:
+    case ggml_type::i16:
+    case ggml_type::i32:
+    case ggml_type::i64:
+    case ggml_type::f64:
+    case ggml_type::iq1_m:
+    case ggml_type::tq1_0:
+    case ggml_type::tq2_0:
+    case ggml_type::mxfp4:
+      return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+namespace detail {
+
+inline std::uint16_t le16(const unsigned char* p) noexcept {
+  return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
+}
+inline float fp16(const unsigned char* p) noexcept { return half::to_float(le16(p)); }
+
+// x, rounded to fp32 and kept apart from what follows: the compiler may not fuse a product with
+// the next addition (an FMA rounds once, gguf's numpy and ggml's reference code twice).
+inline float rounded(float x) noexcept {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(x));
+  return x;
+#else
+  volatile float v = x;
+  return v;
+#endif
+}
+
+// 6-bit scale and min j of a Q4_K / Q5_K block's 12 packed bytes (get_scale_min_k4).
+inline void scale_min_k4(int j, const unsigned char* q, unsigned& d, unsigned& m) noexcept {
+  if (j < 4) {
+    d = q[j] & 63u;
+    m = q[j + 4] & 63u;
+  } else {
+    d = (q[j + 4] & 0xFu) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// One block of `type` at p into y (its `elements` values).
+inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
+  switch (type) {
+    case ggml_type::f32:
+      std::memcpy(y, p, 4);
+      return;
+    case ggml_type::f16:
+      y[0] = fp16(p);
+      return;
+    case ggml_type::bf16:
+      y[0] = bfloat16::to_float(le16(p));
+      return;
+    case ggml_type::q4_0: {  // d, 16 bytes of two 4-bit values: (q - 8) d
+      const float d = fp16(p);
+      const unsigned char* qs = p + 2;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>((qs[j] & 0x0F) - 8);
+        y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+      }
+      return;
+    }
+    case ggml_type::q4_1: {  // d, m, 16 bytes: q d + m
+      const float d = fp16(p), m = fp16(p + 2);
+      const unsigned char* qs = p + 4;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = rounded(d * static_cast<float>(qs[j] & 0x0F)) + m;
+        y[j + 16] = rounded(d * static_cast<float>(qs[j] >> 4)) + m;
+      }
+      return;
+    }
+    case ggml_type::q5_0: {  // d, 32 high bits, 16 bytes of low nibbles: (q - 16) d
+      const float d = fp16(p);
+      std::uint32_t qh;
+      std::memcpy(&qh, p + 2, 4);
+      const unsigned char* qs = p + 6;
+      for (int j = 0; j < 16; ++j) {
+        const int x0 = static_cast<int>((qs[j] & 0x0F) | (((qh >> j) & 1u) << 4)) - 16;
+        const int x1 = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+        y[j] = d * static_cast<float>(x0);
+        y[j + 16] = d * static_cast<float>(x1);
+      }
+      return;
+    }
+    case ggml_type::q5_1: {  // d, m, 32 high bits, 16 bytes: q d + m
+      const float d = fp16(p), m = fp16(p + 2);
+      std::uint32_t qh;
+      std::memcpy(&qh, p + 4, 4);
+      const unsigned char* qs = p + 8;
+      for (int j = 0; j < 16; ++j) {
+        const unsigned x0 = (qs[j] & 0x0Fu) | (((qh >> j) & 1u) << 4);
+        const unsigned x1 = (qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+        y[j] = rounded(d * static_cast<float>(x0)) + m;
+        y[j + 16] = rounded(d * static_cast<float>(x1)) + m;
+      }
+      return;
+    }
+    case ggml_type::q8_0: {  // d, 32 int8: q d
+      const float d = fp16(p);
+      for (int j = 0; j < 32; ++j)
+        y[j] = d * static_cast<float>(static_cast<std::int8_t>(p[2 + j]));
+      return;
+    }
+    case ggml_type::q2_k: {  // 16 scale bytes (4-bit scale | 4-bit min), 64 bytes of 2-bit q, d,
+                             // dmin
+      const unsigned char* scales = p;
+      const unsigned char* q = p + 16;
+      const float d = fp16(p + 80), dmin = fp16(p + 82);
+      int is = 0;
+      for (int n = 0; n < 256; n += 128) {
+        for (int shift = 0; shift < 8; shift += 2) {
+          for (int half_ = 0; half_ < 2; ++half_) {
+            const unsigned sc = scales[is++];
+            const float dl = d * static_cast<float>(sc & 0xF);
+            const float ml = dmin * static_cast<float>(sc >> 4);
+            for (int l = 0; l < 16; ++l) {
+              const unsigned v = (q[l + 16 * half_] >> shift) & 3u;
+              *y++ = rounded(dl * static_cast<float>(v)) - ml;
+            }
+          }
+        }
+        q += 32;
+      }
+      return;
+    }
+    case ggml_type::q3_k: {  // 32 bytes high-bit mask, 64 bytes 2-bit q, 12 bytes 6-bit scales, d
+      const unsigned char* hm = p;
+      const unsigned char* q = p + 32;
+      const unsigned char* sp = p + 96;
+      const float d_all = fp16(p + 108);
+      int scales[16];
+      for (int j = 0; j < 16; ++j) {
+        const unsigned lo = j < 8 ? (sp[j] & 0x0Fu) : (sp[j - 8] >> 4);
+        const unsigned hi = (sp[8 + j % 4] >> (2 * (j / 4))) & 3u;
+        scales[j] = static_cast<int>(lo | (hi << 4)) - 32;
+      }
+      int is = 0;
+      unsigned m = 1;
+      for (int n = 0; n < 256; n += 128) {
+        for (int shift = 0; shift < 8; shift += 2) {
+          for (int half_ = 0; half_ < 2; ++half_) {
+            const float dl = d_all * static_cast<float>(scales[is++]);
+            for (int l = 0; l < 16; ++l) {
+              const int k = l + 16 * half_;
+              const int v = static_cast<int>((q[k] >> shift) & 3u) - ((hm[k] & m) ? 0 : 4);
+              *y++ = dl * static_cast<float>(v);
+            }
+          }
+          m <<= 1;
+        }
+        q += 32;
+      }
+      return;
+    }
+    case ggml_type::q4_k: {  // d, dmin, 12 bytes of 6-bit scales and mins, 128 bytes of nibbles
+      const float d = fp16(p), dmin = fp16(p + 2);
+      const unsigned char* sc = p + 4;
+      const unsigned char* q = p + 16;
+      for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
+        unsigned s, m;
+        scale_min_k4(is, sc, s, m);
+        const float d1 = d * static_cast<float>(s), m1 = dmin * static_cast<float>(m);
+        scale_min_k4(is + 1, sc, s, m);
+        const float d2 = d * static_cast<float>(s), m2 = dmin * static_cast<float>(m);
+        for (int l = 0; l < 32; ++l) *y++ = rounded(d1 * static_cast<float>(q[l] & 0xF)) - m1;
+        for (int l = 0; l < 32; ++l) *y++ = rounded(d2 * static_cast<float>(q[l] >> 4)) - m2;
+      }
+      return;
+    }
+    case ggml_type::q5_k: {  // d, dmin, 12 bytes scales, 32 bytes high bits, 128 bytes nibbles
+      const float d = fp16(p), dmin = fp16(p + 2);
+      const unsigned char* sc = p + 4;
+      const unsigned char* qh = p + 16;
+      const unsigned char* ql = p + 48;
+      unsigned u1 = 1, u2 = 2;
+      for (int j = 0, is = 0; j < 256; j += 64, is += 2, ql += 32, u1 <<= 2, u2 <<= 2) {
+        unsigned s, m;
+        scale_min_k4(is, sc, s, m);
+        const float d1 = d * static_cast<float>(s), m1 = dmin * static_cast<float>(m);
+        scale_min_k4(is + 1, sc, s, m);
+        const float d2 = d * static_cast<float>(s), m2 = dmin * static_cast<float>(m);
+        for (int l = 0; l < 32; ++l) {
+          const unsigned v = (ql[l] & 0xFu) + ((qh[l] & u1) ? 16u : 0u);
+          *y++ = rounded(d1 * static_cast<float>(v)) - m1;
+        }
+        for (int l = 0; l < 32; ++l) {
+          const unsigned v = (ql[l] >> 4) + ((qh[l] & u2) ? 16u : 0u);
+          *y++ = rounded(d2 * static_cast<float>(v)) - m2;
+        }
+      }
+      return;
+    }
+    case ggml_type::q6_k: {  // 128 bytes low nibbles, 64 bytes 2-bit highs, 16 int8 scales, d
+      const unsigned char* ql = p;
+      const unsigned char* qh = p + 128;
+      const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
+      const float d = fp16(p + 208);
+      for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          const int q1 = static_cast<int>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+          const int q2 = static_cast<int>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+          const int q3 = static_cast<int>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+          const int q4 = static_cast<int>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+          y[l] = rounded(d * static_cast<float>(sc[is])) * static_cast<float>(q1);
+          y[l + 32] = rounded(d * static_cast<float>(sc[is + 2])) * static_cast<float>(q2);
+          y[l + 64] = rounded(d * static_cast<float>(sc[is + 4])) * static_cast<float>(q3);
+          y[l + 96] = rounded(d * static_cast<float>(sc[is + 6])) * static_cast<float>(q4);
+        }
+      }
+      return;
+    }
+    default:
+      PREPACK_ASSERT(false && "dequantize_block: a type without a block");
+      return;
+  }
+}
+
+}  // namespace detail
+
+/// Dequantizes n values of `type` stored at `src` (n / block elements whole blocks, `src`
+/// holding n / elements * bytes bytes) into out[0, n). Throws prepack::error, writing nothing,
+/// for a type prepack does not dequantize or an n that is not a whole number of blocks.
+inline void dequantize(ggml_type type, const unsigned char* src, std::size_t n, float* out) {
+  const std::optional<ggml_block> b = dequantizable_block(type);
+  if (!b) {
+    const char* name = ggml_type_name(type);
+    prepack::detail::fail("ggml type ", name != nullptr ? name : "", name != nullptr ? " (" : "",
+                          static_cast<std::uint32_t>(type), name != nullptr ? ")" : "",
+                          " cannot be dequantized");
+  }
+  prepack::detail::require(n % b->elements == 0, "ggml type ", ggml_type_name(type), ": ", n,
+                           " values are not a whole number of ", b->elements, "-value blocks");
+  const std::size_t blocks = n / b->elements;
+  for (std::size_t k = 0; k < blocks; ++k) {
+    detail::dequantize_block(type, src + k * b->bytes, out + k * b->elements);
+  }
+}
+
+}  // namespace checkpoint
+PREPACK_NAMESPACE_END
