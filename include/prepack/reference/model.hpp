@@ -144,7 +144,7 @@ struct pass {
         h(w.h(n, c.hidden)),
         qkv(w.qkv(n, c.q_dim() + 2 * c.kv_dim())),
         att(w.att(n, c.q_dim())),
-        gu(w.gu(n, 2 * c.ffn)),
+        gu(w.gu(n, 2 * static_cast<Eigen::Index>(c.ffn))),
         scale(w.scale()),
         tasks(attention_tasks(b, c.n_kv_heads)) {
     io.q = qkv.data();
