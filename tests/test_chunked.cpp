@@ -322,9 +322,19 @@ TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {
   twice.tables.table[twice.tables.max_blocks] = twice.tables.table[2];
   twice.slot_mapping[4] = twice.slot_mapping[2];
   twice.slot_mapping[5] = twice.slot_mapping[3];
-  EXPECT_PREPACK_ERROR(m.forward(twice, cache.pool),
-                       "sequence 1: block " + std::to_string(twice.tables.table[2]) +
-                           " is also written by sequence 0 in this step");
+  EXPECT_PREPACK_ERROR(m.forward(twice, cache.pool), "sequence 1: block " +
+                                                         std::to_string(twice.tables.table[2]) +
+                                                         " is also written by sequence 0");
+  // Prompt 1 writing the block that holds prompt 0's positions 0..3, which prompt 0 reads as
+  // context in this very step (a read/write hazard).
+  auto hazard = in1;
+  hazard.tables.table[hazard.tables.max_blocks] = hazard.tables.table[0];
+  hazard.slot_mapping[4] = hazard.tables.table[0] * 4;
+  hazard.slot_mapping[5] = hazard.tables.table[0] * 4 + 1;
+  EXPECT_PREPACK_ERROR(m.forward(hazard, cache.pool),
+                       "sequence 0: block " + std::to_string(hazard.tables.table[0]) +
+                           " (entry 0) holds context it reads, but sequence 1 writes that block");
+  EXPECT_EQ(snapshot(), after0);
   // Positions 8, 9 written over the cached positions 4, 5 of the same sequence (its table names
   // one block for both).
   auto over = in1;

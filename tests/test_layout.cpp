@@ -234,4 +234,23 @@ TEST(LayoutErrors, FromPartsRefusesInconsistentArrays) {
   EXPECT_EQ(layout::from_parts(std::move(parts)).tokens()[0], 9);
 }
 
+// Offset tables checked only at their ends were indexed out of bounds (under AddressSanitizer:
+// a heap-buffer-overflow in the checker): every validator checks monotonicity first.
+TEST(LayoutErrors, RowBeginOutOfOrderIsRefusedBeforeItIsIndexed) {
+  // Two prompts, one per row, and row_begin {0, 3, 2}: right at both ends, row 0 past the end.
+  const std::vector<int> len{2, 2};
+  const auto plan = prepack::padded(len, prepack::padding_side::right);
+  const auto good = prepack::make_layout(plan, std::vector<int>(4, 1));
+  auto parts = good.parts();
+  ASSERT_EQ(parts.row_begin.size(), 3u);
+  parts.row_begin = {0, 3, 2};
+  EXPECT_PREPACK_ERROR((prepack::packed_layout<int, int>::from_parts(parts)),
+                       "row_begin[1] = 3 > row_begin[2] = 2");
+  // The same on a hand-edited plan handed to make_layout.
+  auto edited = plan;
+  edited.row_begin = {0, 3, 2};
+  EXPECT_PREPACK_ERROR(prepack::make_layout(edited, std::vector<int>(4, 1)),
+                       "plan: row_begin[1] = 3 > row_begin[2] = 2");
+}
+
 }  // namespace

@@ -101,4 +101,64 @@ TEST(Numeric, SpecialValues) {
   EXPECT_EQ(prepack::bfloat16::from_float(1.0f), 0x3F80u);
 }
 
+// A double is rounded once, from its own value: through float it would be rounded twice, and
+// 1 + 2^-11 + 2^-40 (just above halfway between two halves) would land on the even pattern below.
+template <class H>
+void expect_nearest_from_double(double overflow, int exponents) {
+  std::vector<std::pair<double, std::uint16_t>> finite;
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const float f = H::to_float(static_cast<std::uint16_t>(b));
+    if (std::isfinite(f) && !(f == 0 && std::signbit(f))) finite.emplace_back(f, b);
+  }
+  std::sort(finite.begin(), finite.end());
+  const auto nearest_to = [&](double d) -> std::uint16_t {
+    if (std::abs(d) >= overflow) {
+      return H::from_float(d < 0 ? -std::numeric_limits<float>::infinity()
+                                 : std::numeric_limits<float>::infinity());
+    }
+    const auto it =
+        std::lower_bound(finite.begin(), finite.end(), std::make_pair(d, std::uint16_t{0}));
+    std::uint16_t best = 0;
+    long double best_d = std::numeric_limits<long double>::infinity();
+    for (auto j = it == finite.begin() ? it : it - 1; j != finite.end() && j <= it + 1; ++j) {
+      const long double dist =
+          std::abs(static_cast<long double>(j->first) - static_cast<long double>(d));
+      if (dist < best_d || (dist == best_d && (j->second & 1u) == 0)) {
+        best_d = dist;
+        best = j->second;
+      }
+    }
+    if (H::to_float(best) == 0 && d < 0) best = static_cast<std::uint16_t>(best | 0x8000u);
+    return best;
+  };
+  std::mt19937_64 rng(9);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  std::uniform_int_distribution<int> e(-exponents, 17);
+  for (int k = 0; k < 200000; ++k) {
+    double d = u(rng) * std::ldexp(1.0, e(rng));
+    if (k % 2 == 0 && !finite.empty()) {  // just off a halfway point, below float's precision
+      const std::size_t j = static_cast<std::size_t>(rng() % (finite.size() - 1));
+      const double mid = (finite[j].first + finite[j + 1].first) / 2;
+      d = mid + (rng() % 2 == 0 ? 1 : -1) * std::abs(mid) * std::ldexp(1.0, -40);
+    }
+    if (d == 0) continue;
+    ASSERT_EQ(H::from_double(d), nearest_to(d)) << "double " << d;
+    ASSERT_EQ(H(d).bits, nearest_to(d)) << "double " << d;
+    ASSERT_EQ(prepack::convert<H>(d).bits, nearest_to(d)) << "double " << d;
+  }
+}
+
+TEST(Numeric, DoublesRoundOnceToHalf) {
+  EXPECT_EQ(prepack::half::from_double(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40)), 0x3C01u);
+  EXPECT_EQ(prepack::half::from_float(
+                static_cast<float>(1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40))),
+            0x3C00u);  // what rounding through float gives
+  expect_nearest_from_double<prepack::half>(65520.0, 30);
+}
+TEST(Numeric, DoublesRoundOnceToBFloat16) {
+  EXPECT_EQ(prepack::bfloat16::from_double(1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -40)),
+            0x3F81u);
+  expect_nearest_from_double<prepack::bfloat16>(3.3961775292304194e38, 130);
+}
+
 }  // namespace

@@ -74,4 +74,60 @@ TEST(Paged, BlockTablesPadRaggedRows) {
   EXPECT_EQ(prepack::blocks_for(32, 16), 2u);
 }
 
+// The allocator checks its size before allocating anything for it (no length_error, no 16 GiB of
+// counters zeroed before a refusal) and hands out the lowest free blocks first, released ones
+// included.
+TEST(Paged, AllocatorChecksItsSizeFirstAndHandsOutTheLowestFreeBlocks) {
+  EXPECT_PREPACK_ERROR(prepack::block_allocator(SIZE_MAX), "do not fit int32 block ids");
+  EXPECT_PREPACK_ERROR(prepack::block_allocator(std::size_t{1} << 31),
+                       "do not fit int32 block ids");
+  prepack::block_allocator huge(std::size_t{1} << 30);  // costs nothing until blocks are used
+  EXPECT_EQ(huge.n_free(), std::size_t{1} << 30);
+  EXPECT_EQ(huge.allocate(2), (std::vector<std::int32_t>{0, 1}));
+  EXPECT_EQ(huge.refs((1 << 30) - 1), 0u);
+  prepack::block_allocator a(8);
+  EXPECT_EQ(a.allocate(4), (std::vector<std::int32_t>{0, 1, 2, 3}));
+  a.release(1);
+  a.release(3);
+  EXPECT_EQ(a.allocate(1), (std::vector<std::int32_t>{1}));
+  EXPECT_EQ(a.allocate(3), (std::vector<std::int32_t>{3, 4, 5}));
+  // Random use: every allocation is the lowest free blocks, by a set of the free ones.
+  std::mt19937_64 rng(5);
+  prepack::block_allocator b(50);
+  std::set<std::int32_t> free_set;
+  for (std::int32_t k = 0; k < 50; ++k) free_set.insert(k);
+  std::vector<std::int32_t> held;
+  for (int step = 0; step < 2000; ++step) {
+    if (held.empty() || (rng() % 2 == 0 && !free_set.empty())) {
+      const std::size_t n = 1 + rng() % std::min<std::size_t>(4, free_set.size());
+      std::vector<std::int32_t> want(free_set.begin(),
+                                     std::next(free_set.begin(), static_cast<long>(n)));
+      ASSERT_EQ(b.allocate(n), want) << "step " << step;
+      for (std::int32_t x : want) free_set.erase(x);
+      held.insert(held.end(), want.begin(), want.end());
+    } else {
+      const std::size_t k = rng() % held.size();
+      b.release(held[k]);
+      free_set.insert(held[k]);
+      held.erase(held.begin() + static_cast<long>(k));
+    }
+    ASSERT_EQ(b.n_free(), free_set.size());
+  }
+}
+
+// release_blocks gives back one reference per row that lists a block, all or nothing.
+TEST(Paged, ReleaseBlocksOfTablesAllOrNothing) {
+  prepack::block_allocator a(8);
+  const auto x = a.allocate(3);
+  a.share(x[0]);
+  const auto rest = a.allocate(1);
+  const auto t = prepack::make_block_tables({{x[0], x[1], x[2]}, {x[0], rest[0]}}, 4);
+  auto twice = prepack::make_block_tables({{x[1]}, {x[1]}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::release_blocks(a, twice),
+                       "block 1 is listed 2 times but held 1 time");
+  EXPECT_EQ(a.n_used(), 4u);  // nothing released
+  prepack::release_blocks(a, t);
+  EXPECT_EQ(a.n_used(), 0u);
+}
+
 }  // namespace

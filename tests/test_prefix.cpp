@@ -8,6 +8,8 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <algorithm>
 #include <numeric>
 #include <random>
@@ -228,7 +230,8 @@ TEST(Prefix, TablesShareOnlyPrefixBlocks) {
   // The prefix's 3 blocks are in both prompts' tables, counted once in the pool.
   EXPECT_EQ(alloc.n_used(), 3u + 1u + 1u);
   for (std::size_t e = 0; e < 3; ++e) EXPECT_EQ(t.prompts.row(0)[e], t.prompts.row(1)[e]);
-  EXPECT_EQ(alloc.refs(t.prompts.row(0)[0]), 3u);  // the prefix and its two sharers
+  EXPECT_EQ(alloc.refs(t.prompts.row(0)[0]), 2u);  // held by its two sharers' tables
+  EXPECT_EQ(alloc.refs(t.prompts.row(0)[3]), 1u);  // a prompt's own block by its own
   // A table that shares a block that is not a prefix block: prompt 1's own block in prompt 0's
   // table.
   auto bad = t.items;
@@ -239,6 +242,57 @@ TEST(Prefix, TablesShareOnlyPrefixBlocks) {
   read.table[1 * read.max_blocks + 0] = t.items.row(2)[3];
   EXPECT_PREPACK_ERROR(prepack::check_prefix_tables(plan, read),
                        "is not a prefix block it runs after");
+}
+
+// Every block is held once by each prompt table that lists it, so releasing every prompt's table
+// frees the pool, nested prefixes, whole-prompt prefixes and identical prompts included (the
+// prefix blocks used to stay held once more, with nothing to free them).
+TEST(Prefix, EveryBlockReturnsWhenTheLastTableIsReleased) {
+  std::mt19937_64 rng(41);
+  for (int trial = 0; trial < 200; ++trial) {
+    // Prompts from a few stems (nested and identical prefixes), tokens from a tiny alphabet.
+    std::vector<std::vector<int>> prompts;
+    std::vector<int> stem;
+    for (int k = 0; k < 20; ++k) stem.push_back(static_cast<int>(rng() % 3));
+    const std::size_t n = 2 + rng() % 8;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::vector<int> p(stem.begin(), stem.begin() + static_cast<long>(rng() % stem.size() + 1));
+      const std::size_t tail = rng() % 6;
+      for (std::size_t k = 0; k < tail; ++k) p.push_back(static_cast<int>(rng() % 3));
+      prompts.push_back(std::move(p));
+    }
+    const std::size_t bs = 1 + rng() % 4;
+    const auto plan = prepack::make_prefix_plan(prompts, {bs, bs, 0});
+    prepack::block_allocator alloc(512);
+    const std::size_t extra = rng() % 3;
+    const auto t = prepack::allocate_prefix_tables(plan, alloc, extra);
+    ASSERT_NO_THROW(prepack::check_prefix_tables(plan, t.items));
+    // References: how many prompt tables list each block.
+    std::map<std::int32_t, std::size_t> listed;
+    for (std::size_t i = 0; i < plan.n_prompts(); ++i) {
+      for (std::int32_t b : t.prompts.blocks(i)) ++listed[b];
+    }
+    for (const auto& [b, count] : listed)
+      ASSERT_EQ(alloc.refs(b), count) << "trial " << trial << " block " << b;
+    ASSERT_EQ(alloc.n_used(), listed.size());
+    prepack::release_blocks(alloc, t.prompts);
+    ASSERT_EQ(alloc.n_used(), 0u) << "trial " << trial;
+  }
+}
+
+// The checker of prefix tables reads no entry past a row's end, whatever the rows' width.
+TEST(Prefix, NarrowTablesAreRefusedBeforeTheyAreRead) {
+  std::vector<int> a(12, 7);
+  std::vector<int> b = a, c = a;
+  b.push_back(1);
+  c.push_back(2);
+  const auto plan = prepack::make_prefix_plan(std::vector<std::vector<int>>{b, c}, {4, 4, 0});
+  prepack::block_allocator alloc(16);
+  const auto t = prepack::allocate_prefix_tables(plan, alloc, 0);
+  // Rows of 2 entries, where the prefix needs 3 and every suffix 4.
+  auto narrow = prepack::make_block_tables({{0, 1}, {0, 1}, {0, 1}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::check_prefix_tables(plan, narrow),
+                       "item 0: positions up to 12 need 3 blocks of 4, its table has 2 entries");
 }
 
 TEST(Prefix, ASuffixScheduledBeforeItsPrefixIsRefused) {

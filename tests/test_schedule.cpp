@@ -194,7 +194,11 @@ TEST(Schedule, DependenciesRunAfterTheirItem) {
 }
 
 TEST(ScheduleErrors, NameTheItem) {
-  EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{}, {4}), "empty batch");
+  // An empty batch is a schedule of zero steps, which its checker accepts.
+  const auto none = prepack::budgeted_schedule(std::vector<int>{}, {4});
+  EXPECT_EQ(none.n_steps(), 0u);
+  EXPECT_EQ(none.n_items(), 0u);
+  EXPECT_NO_THROW(prepack::check_schedule(none));
   EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{3, 0}, {4}),
                        "prompt 1: length 0");
   EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(std::vector<int>{3, -2}, {4}),
@@ -206,6 +210,91 @@ TEST(ScheduleErrors, NameTheItem) {
   EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(self, {4}), "item 0: after 0 is not another");
   std::vector<prepack::schedule_item> far{{2, 0, 5}};
   EXPECT_PREPACK_ERROR(prepack::budgeted_schedule(far, {4}), "item 0: after 5 is not another");
+}
+
+// Block-aligned chunking (TensorRT-LLM's rule): every chunk but an item's last is a whole number
+// of blocks, under both policies, for random lengths, budgets and block sizes; fill stays within
+// its stated bound of steps, whole_first chunks into pieces of the budget rounded down to blocks.
+TEST(Schedule, BlockAlignedChunksAreWholeBlocks) {
+  std::mt19937_64 rng(29);
+  for (int trial = 0; trial < 300; ++trial) {
+    const auto len = random_lengths(rng, trial);
+    const std::size_t total = std::accumulate(len.begin(), len.end(), std::size_t{0});
+    for (const std::size_t bs : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
+      for (const std::size_t budget : {bs, bs + 1, 2 * bs + 5, std::size_t{97}, 4 * bs + 3}) {
+        if (budget < bs) continue;
+        std::vector<prepack::schedule_item> items;
+        for (std::size_t l : len) {
+          prepack::schedule_item it;
+          it.length = l;
+          items.push_back(it);
+        }
+        for (const auto policy : {prepack::chunking::fill, prepack::chunking::whole_first}) {
+          const std::string where = "trial " + std::to_string(trial) + " bs " + std::to_string(bs) +
+                                    " budget " + std::to_string(budget) +
+                                    (policy == prepack::chunking::fill ? " fill" : " whole");
+          const auto sched = prepack::budgeted_schedule(
+              len, {budget, policy, prepack::schedule_order::arrival, bs});
+          expect_valid(sched, items, where);
+          EXPECT_NO_THROW(prepack::check_schedule(sched, bs)) << where;
+          for (const prepack::chunk& c : sched.chunks) {
+            if (!c.last) {
+              ASSERT_EQ(c.length % bs, 0u) << where << ": item " << c.item;
+            }
+            if (policy == prepack::chunking::whole_first && !c.last) {
+              ASSERT_EQ(c.length, budget / bs * bs) << where;
+            }
+          }
+          if (policy == prepack::chunking::fill) {
+            const std::size_t room = budget - bs + 1;
+            EXPECT_LE(sched.n_steps(), (total + room - 1) / room) << where;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_PREPACK_ERROR(
+      prepack::budgeted_schedule(std::vector<int>{8},
+                                 {4, prepack::chunking::fill, prepack::schedule_order::arrival, 5}),
+      "block size 5 exceeds the budget 4");
+  // Without alignment, fill splits where the room ends: a chunk of 5 tokens of 3-token blocks.
+  const auto unaligned =
+      prepack::budgeted_schedule(std::vector<int>{5, 9}, {7, prepack::chunking::fill});
+  EXPECT_PREPACK_ERROR(prepack::check_schedule(unaligned, 3),
+                       "is not a whole number of blocks of 3");
+}
+
+// The checker of a schedule handed to an engine: offsets bounded before they index, and the
+// budget held by every step.
+TEST(ScheduleErrors, CheckerRefusesWhatItExistsToCatch) {
+  const auto sched =
+      prepack::budgeted_schedule(std::vector<int>{5, 5, 5}, {5, prepack::chunking::fill});
+  ASSERT_EQ(sched.n_steps(), 3u);
+  ASSERT_NO_THROW(prepack::check_schedule(sched));
+  // step_begin right at its ends only: {0, 4, 3} over 3 chunks.
+  auto cut = sched;
+  cut.step_begin = {0, 4, 3};
+  EXPECT_PREPACK_ERROR(prepack::check_schedule(cut), "step_begin[1] = 4 > step_begin[2] = 3");
+  // Three 5-token steps merged into one of 15 tokens, over the budget of 5.
+  auto merged = sched;
+  merged.step_begin = {0, 3};
+  merged.finish_step = {0, 0, 0};
+  EXPECT_PREPACK_ERROR(prepack::check_schedule(merged),
+                       "step 0 holds 15 tokens, over the budget 5");
+  // Items name prompts as prompts and other items as items.
+  auto wrong = sched;
+  wrong.chunks[0].context = 2;
+  EXPECT_PREPACK_ERROR(prepack::check_schedule(wrong), "prompt 0: chunk context 2");
+  std::vector<prepack::schedule_item> items(2);
+  items[0].length = 4;  // a shared prefix: no prompt of its own
+  items[1].length = 3;
+  items[1].context = 4;
+  items[1].after = 0;
+  items[1].prompt = 7;
+  auto deps = prepack::budgeted_schedule(items, {8});
+  ASSERT_NO_THROW(prepack::check_schedule(deps));
+  deps.chunks[0].length = 5;
+  EXPECT_PREPACK_ERROR(prepack::check_schedule(deps), "item 0: chunk at token 0 of 5 tokens");
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // against the same definitions, and every bad input refused with the prompt named.
 #include "prepack/step.hpp"
 
+#include "prepack/prefix.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -122,11 +124,12 @@ TEST(StepErrors, RefusedBeforeAnythingIsBuilt) {
   EXPECT_NO_THROW(prepack::make_step_inputs(sched, 1, tokens, good, 4));
   EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 5, tokens, good, 4), "step 5 outside");
   const auto short_table = prepack::make_block_tables({{0, 1}, {3}}, 4);
-  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, short_table, 4),
-                       "prompt 0: context 6 + query 4 needs 3 blocks of 4, its block table has 2");
+  EXPECT_PREPACK_ERROR(
+      prepack::make_step_inputs(sched, 1, tokens, short_table, 4),
+      "prompt 0: positions up to 10 need 3 blocks of 4, its block table has 2 entries");
   const auto shared = prepack::make_block_tables({{0, 1, 2}, {2}}, 4);
   EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, shared, 4),
-                       "block 2 is also written by prompt 0 in this step");
+                       "prompt 1: block 2 is also written by prompt 0");
   const auto twice = prepack::make_block_tables({{0, 1, 1}, {3}}, 4);
   EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, twice, 4),
                        "prompt 0: block 1 appears twice in its block table");
@@ -139,17 +142,103 @@ TEST(StepErrors, RefusedBeforeAnythingIsBuilt) {
   auto edited = sched;
   edited.chunks[edited.step_begin[1]].context = 9;  // a context past what was cached
   EXPECT_PREPACK_ERROR(prepack::make_step_inputs(edited, 1, tokens, good, 4),
-                       "chunk context 9 is not the prompt's context 0 + its start 6");
+                       "prompt 0: chunk context 9 is not the item's context 0 + its start 6");
   auto past = sched;
   past.chunks[past.step_begin[1]].start = 8;  // runs past the prompt's 10 tokens
   EXPECT_PREPACK_ERROR(prepack::make_step_inputs(past, 1, tokens, good, 4), "runs past its 10");
   const std::vector<std::int64_t> one_id{5};
   EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 0, tokens, good, 4,
                                                  {prepack::span<const std::int64_t>(one_id)}),
-                       "sequence ids: 1 for 2 prompts");
+                       "sequence ids: 1 for 2 items");
   const auto wide = test::tagged_prompts({10, 4}, 1000);
   EXPECT_PREPACK_ERROR((prepack::make_step_inputs<std::int8_t>(sched, 0, wide, good, 4)),
                        "does not fit the token type");
+}
+
+// A sequence that reads as cached context a block another sequence writes in the same step would
+// read what the step overwrites: refused before anything is built.
+TEST(StepErrors, ReadWriteHazardIsRefused) {
+  // Prompt 0 (8 tokens) is chunked 6 + 2; prompt 1 (4 tokens) runs in step 1 beside chunk 2.
+  std::vector<prepack::schedule_item> items(2);
+  items[0].length = 8;
+  items[0].prompt = 0;
+  items[1].length = 4;
+  items[1].prompt = 1;
+  const auto sched = prepack::budgeted_schedule(items, {6, prepack::chunking::fill});
+  const auto tokens = test::tagged_prompts({8, 4}, 100);
+  ASSERT_EQ(sched.n_steps(), 2u);
+  // In step 1 prompt 0 reads block 0 (positions 0..3) as context; prompt 1 writing block 0 too
+  // is a hazard, whichever step wrote it before.
+  const auto hazard = prepack::make_block_tables({{0, 1}, {0}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 1, tokens, hazard, 4),
+                       "prompt 0: block 0 (entry 0) holds context it reads, but prompt 1 writes "
+                       "that block");
+  const auto fine = prepack::make_block_tables({{0, 1}, {2}}, 4);
+  EXPECT_NO_THROW(prepack::make_step_inputs(sched, 1, tokens, fine, 4));
+}
+
+// Step inputs cost the step's tokens and the blocks it touches, nothing in the pool's size: a
+// pool of 2^31 - 1 blocks (and a block table pointing near its end) builds at once, where arrays
+// of the pool's size would need 32 GiB.
+TEST(Step, CostIsIndependentOfThePoolSize) {
+  const std::vector<int> len{5, 3};
+  const auto tokens = test::tagged_prompts(len, 100);
+  const auto sched = prepack::budgeted_schedule(len, {16});
+  const std::size_t huge = INT32_MAX;
+  const auto tables =
+      prepack::make_block_tables({{INT32_MAX - 3, INT32_MAX - 2}, {INT32_MAX - 1}}, 4);
+  const auto in = prepack::make_step_inputs(sched, 0, tokens, tables, huge);
+  ASSERT_EQ(in.n_tokens(), 8u);
+  EXPECT_EQ(in.slot_mapping[4], static_cast<std::int64_t>(INT32_MAX - 2) * 4 + 0);
+}
+
+// Shared-prefix items are not prompts: no logits row, no `completes`, an id apart, named as
+// items; a prefix that is a whole prompt yields that prompt's logits; identical prompts each map
+// to the row of the item they end at.
+TEST(Step, PrefixItemsAreKeptApartFromPrompts) {
+  std::vector<int> shared(8);
+  std::iota(shared.begin(), shared.end(), 1);
+  std::vector<int> a = shared, b = shared;
+  a.push_back(50);
+  b.push_back(60);
+  // Prompts: a, b (each the prefix and one more token), the prefix itself twice (identical).
+  const std::vector<std::vector<int>> prompts{a, b, shared, shared};
+  const auto plan = prepack::make_prefix_plan(prompts, {4, 4, 0});
+  ASSERT_EQ(plan.n_prefixes(), 1u);
+  EXPECT_FALSE(plan.items[0].prompt.has_value());
+  EXPECT_TRUE(plan.items[0].ends_prompt);  // prompts 2 and 3 end there
+  EXPECT_EQ(plan.ending[0], (std::vector<std::size_t>{2, 3}));
+  const auto sched = prepack::budgeted_schedule(plan.items, {64});
+  prepack::block_allocator alloc(16);
+  const auto t = prepack::allocate_prefix_tables(plan, alloc, 0);
+  const auto items = plan.item_tokens(prompts);
+  const auto in0 = prepack::make_step_inputs(sched, 0, items, t.items, 16);
+  ASSERT_EQ(in0.n_seqs(), 1u);
+  EXPECT_EQ(in0.seq_id[0], -1);  // item 0, a prefix: -1 - 0
+  EXPECT_EQ(in0.completes[0], 1);
+  EXPECT_EQ(std::count(in0.logits.begin(), in0.logits.end(), 1), 1);
+  const auto in1 = prepack::make_step_inputs(sched, 1, items, t.items, 16);
+  ASSERT_EQ(in1.n_seqs(), 2u);
+  EXPECT_EQ(in1.seq_id, (std::vector<std::int64_t>{0, 1}));  // the prompts' own indexes
+  // A prefix that ends no prompt gives no logits and does not complete.
+  const std::vector<std::vector<int>> two{a, b};
+  const auto plan2 = prepack::make_prefix_plan(two, {4, 4, 0});
+  ASSERT_EQ(plan2.n_prefixes(), 1u);
+  EXPECT_FALSE(plan2.items[0].ends_prompt);
+  const auto sched2 = prepack::budgeted_schedule(plan2.items, {64});
+  prepack::block_allocator alloc2(16);
+  const auto t2 = prepack::allocate_prefix_tables(plan2, alloc2, 0);
+  const auto p0 = prepack::make_step_inputs(sched2, 0, plan2.item_tokens(two), t2.items, 16);
+  EXPECT_EQ(p0.completes[0], 0);
+  EXPECT_EQ(std::count(p0.logits.begin(), p0.logits.end(), 1), 0);
+  // Caller ids through the plan: prompts' ids and the prefixes' own.
+  const std::vector<std::int64_t> prompt_ids{100, 200};
+  EXPECT_EQ(plan2.item_ids(prompt_ids), (std::vector<std::int64_t>{-1, 100, 200}));
+  // An item's mistake names the item, not a prompt of the same number.
+  auto bad = sched2;
+  bad.chunks[0].context = 3;
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(bad, 0, plan2.item_tokens(two), t2.items, 16),
+                       "item 0: chunk context 3");
 }
 
 }  // namespace

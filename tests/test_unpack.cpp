@@ -310,20 +310,21 @@ TEST_F(bad_input, BlockTables) {
   EXPECT_PREPACK_ERROR(
       prepack::unpack_paged(l, src, pool,
                             prepack::contiguous_view<const int, 2>(dup.data(), {3, 3})),
-      "prompt 1: block 1 is already written by prompt 0");
+      "prompt 1: block 1 is also written by prompt 0");
   const std::vector<int> range{0, 1, 2, 3, 4, -1, 6, -1, -1};
   EXPECT_PREPACK_ERROR(
       prepack::unpack_paged(l, src, pool,
                             prepack::contiguous_view<const int, 2>(range.data(), {3, 3})),
-      "prompt 2: block_table[2][0] = 6 outside the pool's blocks 0..5");
+      "prompt 2: block_table[0] = 6 outside the pool's blocks 0..5");
   const std::vector<int> neg{0, 1, -3, 3, 4, -1, 5, -1, -1};
   EXPECT_PREPACK_ERROR(
       prepack::unpack_paged(l, src, pool,
                             prepack::contiguous_view<const int, 2>(neg.data(), {3, 3})),
-      "block_table[0][2] = -3");
-  EXPECT_PREPACK_ERROR(prepack::unpack_paged(
-                           l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {3, 2})),
-                       "prompt 0: positions up to 5 need 3 blocks of 2, the block table has 2");
+      "prompt 0: block_table[2] = -3 (padding) where a block is needed");
+  EXPECT_PREPACK_ERROR(
+      prepack::unpack_paged(l, src, pool,
+                            prepack::contiguous_view<const int, 2>(ok.data(), {3, 2})),
+      "prompt 0: positions up to 5 need 3 blocks of 2, its block table has 2 entries");
   EXPECT_PREPACK_ERROR(prepack::unpack_paged(
                            l, src, pool, prepack::contiguous_view<const int, 2>(ok.data(), {2, 3})),
                        "block table: 2 rows for 3 prompts");
@@ -573,5 +574,37 @@ void expect_pool_layouts(std::uint64_t seed) {
 
 TEST(SlotMapping, WritesVllmPoolLayoutsFloat) { expect_pool_layouts<float>(5); }
 TEST(SlotMapping, WritesVllmPoolLayoutsHalf) { expect_pool_layouts<prepack::half>(6); }
+
+// A destination with more layers than the source gets the source's layers in its first ones
+// (the rest untouched); one with fewer is refused. A double source goes into a half pool
+// rounded once (1 + 2^-11 + 2^-40 is 0x3C01, not the 0x3C00 rounding through float gives).
+TEST(UnpackAllLayers, MoreDestinationLayersAndDoublesIntoHalf) {
+  const std::vector<int> len{2, 1};
+  const auto l =
+      prepack::make_layout(prepack::first_fit_decreasing(len, 3), std::vector<int>{1, 2, 3});
+  const std::size_t n_layers = 2, heads = 1, dim = 1, bs = 2, n_blocks = 4;
+  const double odd = 1.0 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40);
+  std::vector<double> kbuf(n_layers * l.n_slots(), odd), vbuf(kbuf);
+  const auto view5 = [&](const std::vector<double>& b) {
+    return prepack::contiguous_view<const double, 5>(b.data(),
+                                                     {n_layers, l.n_rows(), l.width(), heads, dim});
+  };
+  const prepack::packed_kv<const double> src{view5(kbuf), view5(vbuf)};
+  const std::vector<int> table{0, 1};
+  const auto tv = prepack::contiguous_view<const int, 2>(table.data(), {2, 1});
+  std::vector<prepack::half> kpool(3 * n_blocks * bs, prepack::half(-1.0f)), vpool(kpool);
+  const auto pool5 = [&](std::vector<prepack::half>& b, std::size_t layers) {
+    return prepack::contiguous_view<prepack::half, 5>(b.data(), {layers, n_blocks, bs, heads, dim});
+  };
+  prepack::unpack_paged(l, src, pool5(kpool, 3), pool5(vpool, 3), tv);
+  const auto kp = pool5(kpool, 3);
+  for (std::size_t layer = 0; layer < 3; ++layer) {
+    EXPECT_EQ(kp(layer, 0, 0, 0, 0).bits, layer < n_layers ? 0x3C01u : prepack::half(-1.0f).bits)
+        << "layer " << layer;
+  }
+  std::vector<prepack::half> small(1 * n_blocks * bs);
+  EXPECT_PREPACK_ERROR(prepack::unpack_paged(l, src, pool5(small, 1), pool5(small, 1), tv),
+                       "1 layers, the source has 2");
+}
 
 }  // namespace

@@ -1,11 +1,14 @@
 // prepack/numeric.hpp - 16-bit floating-point storage types for KV caches and weights:
 // prepack::half (IEEE 754 binary16, fp16) and prepack::bfloat16 (bf16). Storage only: they
-// convert to and from float, rounding to nearest even as engines' cache kernels do when they
-// write fp32 results into a half-precision cache. Standard library only; no arithmetic.
+// convert to and from float and double, rounding to nearest even as engines' cache kernels do
+// when they write fp32 results into a half-precision cache; a double is rounded once, from its
+// own value (never through float, which would round twice). Standard library only.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "config.hpp"
 
@@ -22,6 +25,16 @@ inline float bits_float(std::uint32_t u) noexcept {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
+// d rounded to float toward zero, its last bit set when that was inexact ("round to odd").
+// Rounding the result to nearest even into a format of at most 22 significant bits (half: 11,
+// bfloat16: 8) gives what rounding d itself would: one rounding, not two.
+inline float round_to_odd(double d) noexcept {
+  if (std::isnan(d) || std::isinf(d)) return static_cast<float>(d);
+  float f = static_cast<float>(d);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(d)) f = std::nextafter(f, 0.0f);
+  if (static_cast<double>(f) != d) f = bits_float(float_bits(f) | 1u);
+  return f;
+}
 }  // namespace detail
 
 /// IEEE 754 binary16. Conversion from float rounds to nearest even; overflow gives infinity,
@@ -31,6 +44,7 @@ struct half {
 
   half() = default;
   explicit half(float f) noexcept : bits(from_float(f)) {}
+  explicit half(double d) noexcept : bits(from_double(d)) {}
   explicit operator float() const noexcept { return to_float(bits); }
 
   static std::uint16_t from_float(float f) noexcept {
@@ -57,6 +71,11 @@ struct half {
     return static_cast<std::uint16_t>(sign | r);
   }
 
+  /// d rounded once to the nearest half (ties to even).
+  static std::uint16_t from_double(double d) noexcept {
+    return from_float(detail::round_to_odd(d));
+  }
+
   static float to_float(std::uint16_t h) noexcept {
     const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
     const std::uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
@@ -75,6 +94,7 @@ struct bfloat16 {
 
   bfloat16() = default;
   explicit bfloat16(float f) noexcept : bits(from_float(f)) {}
+  explicit bfloat16(double d) noexcept : bits(from_double(d)) {}
   explicit operator float() const noexcept { return to_float(bits); }
 
   static std::uint16_t from_float(float f) noexcept {
@@ -83,6 +103,10 @@ struct bfloat16 {
     const std::uint32_t nan = (u >> 16) | 0x40u;  // a quiet NaN, sign and payload kept
     // Branch-free (vectorisable): NaN when the exponent is all ones and the mantissa is not 0.
     return static_cast<std::uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+  }
+  /// d rounded once to the nearest bfloat16 (ties to even).
+  static std::uint16_t from_double(double d) noexcept {
+    return from_float(detail::round_to_odd(d));
   }
   static float to_float(std::uint16_t b) noexcept {
     return detail::bits_float(static_cast<std::uint32_t>(b) << 16);
@@ -99,6 +123,23 @@ T convert_to(float f) noexcept {
 template <class T>
 float to_float(T v) noexcept {
   return static_cast<float>(v);
+}
+
+/// Converts between the supported element types (float, double, half, bfloat16), rounding once
+/// to nearest even where the destination is narrower: a double goes into half or bfloat16
+/// straight from its own value.
+template <class D, class S>
+D convert(S v) noexcept {
+  constexpr bool to_16 = std::is_same_v<D, half> || std::is_same_v<D, bfloat16>;
+  if constexpr (std::is_same_v<S, half> || std::is_same_v<S, bfloat16>) {
+    return convert<D>(static_cast<float>(v));  // exact
+  } else if constexpr (to_16 && std::is_floating_point_v<S> && sizeof(S) > sizeof(float)) {
+    return D(static_cast<double>(v));  // rounded once, from the double
+  } else if constexpr (to_16) {
+    return D(static_cast<float>(v));
+  } else {
+    return static_cast<D>(v);
+  }
 }
 
 PREPACK_NAMESPACE_END

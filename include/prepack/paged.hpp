@@ -152,6 +152,35 @@ inline block_tables make_block_tables(const std::vector<std::vector<std::int32_t
   return t;
 }
 
+/// The pool slot of position p when `block` holds it: block * block_size + p % block_size.
+constexpr std::int64_t slot_of(std::int64_t block, std::size_t p, std::size_t block_size) noexcept {
+  return block * static_cast<std::int64_t>(block_size) + static_cast<std::int64_t>(p % block_size);
+}
+
+/// Releases one reference to every block each row of `tables` lists (up to its padding): what a
+/// sequence does when it is done with its cache. Throws prepack::error, releasing nothing, for a
+/// block that is free or outside the pool.
+inline void release_blocks(block_allocator& alloc, const block_tables& tables) {
+  // A block listed by several rows is released once per row: count them all before any release.
+  std::vector<std::int32_t> listed;
+  for (std::size_t s = 0; s < tables.n_seqs(); ++s) {
+    const auto row = tables.blocks(s);
+    listed.insert(listed.end(), row.begin(), row.end());
+  }
+  std::sort(listed.begin(), listed.end());
+  for (std::size_t i = 0; i < listed.size();) {
+    std::size_t j = i;
+    while (j < listed.size() && listed[j] == listed[i]) ++j;
+    const std::size_t held = alloc.refs(listed[i]);  // throws for a block outside the pool
+    if (j - i > held) {
+      detail::fail("release: block ", listed[i], " is listed ", j - i, " times but held ", held,
+                   held == 1 ? " time" : " times");
+    }
+    i = j;
+  }
+  for (std::int32_t b : listed) alloc.release(b);
+}
+
 /// One sequence's page arithmetic, FlashInfer's paged_kv_t for a single sequence: position p
 /// lives in block blocks[p / block_size] at offset p % block_size, pool slot
 /// blocks[p / block_size] * block_size + p % block_size. The entries are not checked here
@@ -166,54 +195,69 @@ struct block_row {
     return static_cast<std::int64_t>(blocks[p / block_size]);
   }
   /// The pool slot of position p: block(p) * block_size + p % block_size.
-  std::int64_t slot(std::size_t p) const noexcept {
-    return block(p) * static_cast<std::int64_t>(block_size) +
-           static_cast<std::int64_t>(p % block_size);
-  }
+  std::int64_t slot(std::size_t p) const noexcept { return slot_of(block(p), p, block_size); }
 };
 
 namespace detail {
 
 // Checks that a table row holds blocks of a pool of n_blocks for positions [0, n_positions):
-// at least blocks_for(n_positions) entries before any padding, each in [0, n_blocks). `who`
-// names the sequence in the message (called only on failure). O(entries checked).
-template <class B, class Who>
-void check_row(span<const B> row, std::size_t n_positions, std::size_t block_size,
-               std::size_t n_blocks, Who&& who) {
+// at least blocks_for(n_positions) entries, each in [0, n_blocks) (a negative one is padding
+// where a block is needed). `entry(k)` reads entry k of the row's `n_entries`; `who()` names the
+// sequence in the message (called only on failure). O(entries checked).
+template <class Entry, class Who>
+void check_row(Entry&& entry, std::size_t n_entries, std::size_t n_positions,
+               std::size_t block_size, std::size_t n_blocks, Who&& who) {
   const std::size_t need = blocks_for(n_positions, block_size);
-  if (row.size() < need) {
+  if (n_entries < need) {
     fail(who(), ": positions up to ", n_positions, " need ", need, " blocks of ", block_size,
-         ", its block table has ", row.size(), " entries");
+         ", its block table has ", n_entries, " entries");
   }
   for (std::size_t k = 0; k < need; ++k) {
-    const B b = row[k];
-    if (is_negative(b) || static_cast<std::size_t>(b) >= n_blocks) {
-      fail(who(), ": block_table[", k, "] = ", b,
-           is_negative(b) ? " (padding) where a block is needed" : " outside the pool's blocks 0..",
-           is_negative(b) ? "" : std::to_string(n_blocks - 1));
+    const auto b = entry(k);
+    if (is_negative(b))
+      fail(who(), ": block_table[", k, "] = ", b, " (padding) where a block is needed");
+    if (static_cast<std::size_t>(b) >= n_blocks) {
+      fail(who(), ": block_table[", k, "] = ", b, " outside the pool's blocks 0..", n_blocks - 1);
     }
   }
 }
+template <class B, class Who>
+void check_row(span<const B> row, std::size_t n_positions, std::size_t block_size,
+               std::size_t n_blocks, Who&& who) {
+  check_row([&](std::size_t k) { return row[k]; }, row.size(), n_positions, block_size, n_blocks,
+            who);
+}
 
 // One sequence's use of one block in a step: entry `entry` of its table, written (it holds
-// positions the step computes) or only read (cached context).
+// positions the step computes) or only read (cached context). 16 bytes: a step's uses are
+// sorted, and a layout of 10^6 prompts has as many.
 struct block_use {
   std::int64_t block = 0;
-  std::size_t seq = 0;
-  std::size_t entry = 0;
-  bool writes = false;
+  std::uint32_t seq = 0;
+  std::uint32_t tag = 0;  // entry << 1 | writes
+
+  block_use(std::int64_t b, std::size_t s, std::size_t e, bool w)
+      : block(b),
+        seq(static_cast<std::uint32_t>(s)),
+        tag(static_cast<std::uint32_t>(e << 1) | (w ? 1u : 0u)) {}
+  std::uint32_t entry() const noexcept { return tag >> 1; }
+  bool writes() const noexcept { return (tag & 1u) != 0; }
 };
 
 // Appends the uses of the blocks a sequence touches when it computes positions
 // [context, context + length): entries below context / block_size are read, the rest written.
-// The row has been checked (check_row).
-template <class B>
-void add_block_uses(std::vector<block_use>& uses, span<const B> row, std::size_t context,
+// The row has been checked (check_row); `entry(k)` reads entry k.
+template <class Entry>
+void add_block_uses(std::vector<block_use>& uses, Entry&& entry, std::size_t context,
                     std::size_t length, std::size_t block_size, std::size_t seq) {
   const std::size_t first_written = context / block_size;
   const std::size_t need = blocks_for(context + length, block_size);
+  if (seq > UINT32_MAX || need > (std::size_t{1} << 31)) {
+    fail("block table: ", seq + 1, " sequences of up to ", need,
+         " blocks are more than one step can hold");
+  }
   for (std::size_t k = 0; k < need; ++k) {
-    uses.push_back({static_cast<std::int64_t>(row[k]), seq, k, k >= first_written});
+    uses.emplace_back(static_cast<std::int64_t>(entry(k)), seq, k, k >= first_written);
   }
 }
 
@@ -226,8 +270,8 @@ template <class Name>
 void check_block_uses(std::vector<block_use>& uses, Name&& name) {
   std::sort(uses.begin(), uses.end(), [](const block_use& a, const block_use& b) {
     if (a.block != b.block) return a.block < b.block;
-    if (a.writes != b.writes) return a.writes;  // a block's writer first
-    return a.seq != b.seq ? a.seq < b.seq : a.entry < b.entry;
+    if (a.writes() != b.writes()) return a.writes();  // a block's writer first
+    return a.seq != b.seq ? a.seq < b.seq : a.entry() < b.entry();
   });
   for (std::size_t i = 1; i < uses.size(); ++i) {
     const block_use& a = uses[i - 1];
@@ -235,14 +279,14 @@ void check_block_uses(std::vector<block_use>& uses, Name&& name) {
     if (a.block != b.block) continue;
     if (a.seq == b.seq) {
       fail(name(a.seq), ": block ", a.block, " appears twice in its block table (entries ",
-           std::min(a.entry, b.entry), " and ", std::max(a.entry, b.entry), ")");
+           std::min(a.entry(), b.entry()), " and ", std::max(a.entry(), b.entry()), ")");
     }
-    if (a.writes && b.writes) {
-      fail(name(b.seq), ": block ", b.block, " is also written by ", name(a.seq), " in this step");
+    if (a.writes() && b.writes()) {
+      fail(name(b.seq), ": block ", b.block, " is also written by ", name(a.seq));
     }
-    if (a.writes) {  // b only reads it
-      fail(name(b.seq), ": block ", b.block, " (entry ", b.entry, ") holds context it reads, but ",
-           name(a.seq), " writes that block in this step");
+    if (a.writes()) {  // b only reads it
+      fail(name(b.seq), ": block ", b.block, " (entry ", b.entry(),
+           ") holds context it reads, but ", name(a.seq), " writes that block in this step");
     }
   }
 }

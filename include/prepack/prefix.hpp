@@ -179,7 +179,10 @@ struct prefix_plan {
   std::vector<std::size_t> item_prompt;  // [n_items]  a prompt whose tokens the item holds
   std::vector<std::size_t> item_begin;   // [n_items]  first token of the item in that prompt
   std::vector<std::optional<std::size_t>> prompt_item;  // [n_prompts]  the prompt's own item
-  std::vector<std::size_t> prompt_last_item;  // [n_prompts]  the item whose last token ends it
+  std::vector<std::size_t> prompt_last_item;     // [n_prompts]  the item whose last token ends it
+  std::vector<std::vector<std::size_t>> ending;  // [n_items]  prompts that end where item k
+                                                 //   ends: its logits row is each of theirs
+                                                 //   (several when prompts are identical)
 
   std::size_t n_prompts() const noexcept { return prompt_length.size(); }
   std::size_t n_prefixes() const noexcept { return prefixes.size(); }
@@ -194,6 +197,25 @@ struct prefix_plan {
     std::size_t n = 0;
     for (std::size_t l : prompt_length) n += l;
     return n;
+  }
+  /// Each item's caller id, for make_step_inputs (step_options::seq_ids): a prompt's own item
+  /// gets prompt_ids[its prompt], prefix k gets prefix_ids[k] (default: -1 - k, apart from any
+  /// non-negative prompt id). Throws prepack::error for counts that differ from the plan's.
+  std::vector<std::int64_t> item_ids(span<const std::int64_t> prompt_ids,
+                                     span<const std::int64_t> prefix_ids = {}) const {
+    detail::require(prompt_ids.size() == n_prompts(), "prompt ids: ", prompt_ids.size(), " for ",
+                    n_prompts(), " prompts");
+    detail::require(prefix_ids.empty() || prefix_ids.size() == n_prefixes(),
+                    "prefix ids: ", prefix_ids.size(), " for ", n_prefixes(), " prefixes");
+    std::vector<std::int64_t> out(items.size());
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      if (items[k].prompt) {
+        out[k] = prompt_ids[*items[k].prompt];
+      } else {
+        out[k] = prefix_ids.empty() ? -1 - static_cast<std::int64_t>(k) : prefix_ids[k];
+      }
+    }
+    return out;
   }
   /// Each item's tokens, copied out of the prompts (for make_step_inputs).
   template <class T>
@@ -210,11 +232,11 @@ struct prefix_plan {
 
 /// Finds the batch's shared prefixes and plans them (see the file comment for the cost model
 /// and the block alignment). A batch with nothing worth sharing gets one item per prompt and
-/// no prefix. Throws prepack::error for no prompts, an empty prompt, or a block size of 0.
+/// no prefix; no prompts give an empty plan. Throws prepack::error for an empty prompt or a
+/// block size of 0.
 template <class T>
 prefix_plan make_prefix_plan(const std::vector<std::vector<T>>& prompts,
                              const prefix_options& opt = {}) {
-  detail::require(!prompts.empty(), "empty batch: no prompts to plan");
   detail::require(opt.block_size > 0, "prefix plan: block size 0");
   const prefix_index<T> index(prompts);
   const auto& nodes = index.nodes();
@@ -257,7 +279,12 @@ prefix_plan make_prefix_plan(const std::vector<std::vector<T>>& prompts,
   // Items: the prefixes, then every prompt's own rest.
   for (std::size_t k = 0; k < plan.prefixes.size(); ++k) {
     const auto& p = plan.prefixes[k];
-    schedule_item it{p.length, p.start, p.parent};
+    schedule_item it;
+    it.length = p.length;
+    it.context = p.start;
+    it.after = p.parent;
+    it.prompt = std::nullopt;  // a prefix is no prompt's own; ends_prompt is set below
+    it.ends_prompt = false;
     plan.items.push_back(it);
     plan.item_prompt.push_back(p.sharers.front());
     plan.item_begin.push_back(p.start);
@@ -269,14 +296,23 @@ prefix_plan make_prefix_plan(const std::vector<std::vector<T>>& prompts,
     const std::size_t done = pre ? plan.prefixes[*pre].start + plan.prefixes[*pre].length : 0;
     if (done == prompts[i].size()) {  // the prompt is its deepest prefix
       plan.prompt_last_item[i] = *pre;
+      plan.items[*pre].ends_prompt = true;
       continue;
     }
-    plan.items.push_back({prompts[i].size() - done, done, pre});
+    schedule_item own;
+    own.length = prompts[i].size() - done;
+    own.context = done;
+    own.after = pre;
+    own.prompt = i;
+    plan.items.push_back(own);
     plan.item_prompt.push_back(i);
     plan.item_begin.push_back(done);
     plan.prompt_item[i] = plan.items.size() - 1;
     plan.prompt_last_item[i] = plan.items.size() - 1;
   }
+  plan.ending.assign(plan.items.size(), {});
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    plan.ending[plan.prompt_last_item[i]].push_back(i);
   return plan;
 }
 
@@ -285,44 +321,59 @@ prefix_plan make_prefix_plan(const std::vector<std::vector<T>>& prompts,
 /// positions and `extra` more (room to decode). Returns one table per item (the blocks of
 /// positions [0, context + length)) and one per prompt (its whole cache, shared blocks first).
 struct prefix_tables {
-  block_tables items;    // [n_items][...]
-  block_tables prompts;  // [n_prompts][...]
+  block_tables items;    // [n_items][...]    views for the prefill's steps: they hold nothing
+  block_tables prompts;  // [n_prompts][...]  each row holds one reference to each of its blocks
 };
 
-/// Allocates through `alloc` (a prefix's blocks are shared once per further sharer). Throws
-/// prepack::error, allocating nothing it keeps, when the pool is too small.
+/// Allocates through `alloc`: each block is held once by every prompt table that lists it (a
+/// prefix's blocks by each of its sharers, a prompt's own blocks by that prompt alone), so
+/// release_blocks(alloc, tables.prompts) returns every block to the allocator; the item tables
+/// hold no reference. Throws prepack::error, allocating nothing, when the pool is too small
+/// (naming the blocks needed and free).
 inline prefix_tables allocate_prefix_tables(const prefix_plan& plan, block_allocator& alloc,
                                             std::size_t extra = 0) {
   const std::size_t bs = plan.block_size;
+  const auto done_of = [&](std::size_t i) {
+    const auto pre = plan.prompt_prefix[i];
+    return pre ? plan.prefixes[*pre].start + plan.prefixes[*pre].length : std::size_t{0};
+  };
   std::size_t need = 0;
   for (const auto& p : plan.prefixes) need += p.length / bs;
   for (std::size_t i = 0; i < plan.n_prompts(); ++i) {
-    const auto pre = plan.prompt_prefix[i];
-    const std::size_t done = pre ? plan.prefixes[*pre].start + plan.prefixes[*pre].length : 0;
-    need += blocks_for(plan.prompt_length[i] + extra - done, bs);
+    need += blocks_for(plan.prompt_length[i] + extra - done_of(i), bs);
   }
-  detail::require(need <= alloc.n_free(), "prefix plan: ", need, " blocks needed, ", alloc.n_free(),
-                  " free");
-  std::vector<std::vector<std::int32_t>> prefix_blocks(plan.n_prefixes());
-  for (std::size_t k = 0; k < plan.n_prefixes(); ++k) {
-    const auto& p = plan.prefixes[k];
-    prefix_blocks[k] = p.parent ? prefix_blocks[*p.parent] : std::vector<std::int32_t>{};
-    const auto own = alloc.allocate(p.length / bs);
-    prefix_blocks[k].insert(prefix_blocks[k].end(), own.begin(), own.end());
-  }
+  detail::require(need <= alloc.n_free(), "prefix plan: ", need, " blocks needed for ",
+                  plan.n_prompts(), " prompts and ", plan.n_prefixes(), " prefixes, ",
+                  alloc.n_free(), " free");
+  // Each prefix's own blocks, allocated with one reference: the first sharer's.
+  std::vector<std::vector<std::int32_t>> own(plan.n_prefixes());
+  for (std::size_t k = 0; k < plan.n_prefixes(); ++k)
+    own[k] = alloc.allocate(plan.prefixes[k].length / bs);
+  std::vector<bool> taken(plan.n_prefixes(), false);
   std::vector<std::vector<std::int32_t>> prompt_blocks(plan.n_prompts());
   for (std::size_t i = 0; i < plan.n_prompts(); ++i) {
-    const auto pre = plan.prompt_prefix[i];
-    if (pre) {
-      prompt_blocks[i] = prefix_blocks[*pre];
-      for (std::int32_t b : prompt_blocks[i]) alloc.share(b);
+    std::vector<std::size_t> chain;  // the prompt's prefixes, outermost first
+    for (auto p = plan.prompt_prefix[i]; p; p = plan.prefixes[*p].parent) chain.push_back(*p);
+    std::reverse(chain.begin(), chain.end());
+    for (std::size_t k : chain) {
+      if (taken[k]) {
+        for (std::int32_t b : own[k]) alloc.share(b);
+      }
+      taken[k] = true;
+      prompt_blocks[i].insert(prompt_blocks[i].end(), own[k].begin(), own[k].end());
     }
-    const std::size_t done = pre ? plan.prefixes[*pre].start + plan.prefixes[*pre].length : 0;
-    const auto own = alloc.allocate(blocks_for(plan.prompt_length[i] + extra - done, bs));
-    prompt_blocks[i].insert(prompt_blocks[i].end(), own.begin(), own.end());
+    const auto rest = alloc.allocate(blocks_for(plan.prompt_length[i] + extra - done_of(i), bs));
+    prompt_blocks[i].insert(prompt_blocks[i].end(), rest.begin(), rest.end());
   }
+  // Item tables: a prefix's chain of blocks; a prompt's own item, the prompt's table.
   std::vector<std::vector<std::int32_t>> item_blocks;
-  for (std::size_t k = 0; k < plan.n_prefixes(); ++k) item_blocks.push_back(prefix_blocks[k]);
+  for (std::size_t k = 0; k < plan.n_prefixes(); ++k) {
+    std::vector<std::int32_t> chain;
+    for (std::optional<std::size_t> p = k; p; p = plan.prefixes[*p].parent) {
+      chain.insert(chain.begin(), own[*p].begin(), own[*p].end());
+    }
+    item_blocks.push_back(std::move(chain));
+  }
   for (std::size_t i = 0; i < plan.n_prompts(); ++i) {
     if (plan.prompt_item[i]) item_blocks.push_back(prompt_blocks[i]);
   }
@@ -347,9 +398,13 @@ inline void check_prefix_tables(const prefix_plan& plan, const block_tables& ite
   for (std::size_t k = 0; k < plan.items.size(); ++k) {
     const schedule_item& it = plan.items[k];
     const std::size_t n = blocks_for(it.context + it.length, bs);
+    if (n > items.max_blocks) {
+      detail::fail(item_name(it, k), ": positions up to ", it.context + it.length, " need ", n,
+                   " blocks of ", bs, ", its table has ", items.max_blocks, " entries");
+    }
     for (std::size_t e = 0; e < n; ++e) {
       const std::int32_t b = items.row(k)[e];
-      detail::require(b >= 0, "item ", k, ": no block for entry ", e);
+      if (b < 0) detail::fail(item_name(it, k), ": no block for entry ", e);
       uses[b].push_back({k, e, e >= it.context / bs});
     }
   }
@@ -364,16 +419,20 @@ inline void check_prefix_tables(const prefix_plan& plan, const block_tables& ite
     std::optional<use> writer;
     for (const use& u : list) {
       if (!u.writes) continue;
-      detail::require(!writer, "block ", b, " is written by items ", writer ? writer->item : 0,
-                      " and ", u.item, ": a shared block must be a prefix block");
+      if (writer) {
+        detail::fail("block ", b, " is written by ",
+                     item_name(plan.items[writer->item], writer->item), " and ",
+                     item_name(plan.items[u.item], u.item),
+                     ": a shared block must be a prefix block");
+      }
       writer = u;
     }
     for (const use& u : list) {
       if (u.writes) continue;
-      detail::require(
-          writer.has_value() && u.entry == writer->entry && runs_after(u.item, writer->item),
-          "item ", u.item, ": block ", b, " (entry ", u.entry,
-          ") is not a prefix block it runs after");
+      if (!writer || u.entry != writer->entry || !runs_after(u.item, writer->item)) {
+        detail::fail(item_name(plan.items[u.item], u.item), ": block ", b, " (entry ", u.entry,
+                     ") is not a prefix block it runs after");
+      }
     }
   }
 }

@@ -20,22 +20,35 @@
 //               price is chunked prompts, whose later chunks re-read their cached context and
 //               whose first token waits for their last chunk.
 //
+// Block-aligned chunking (budget_options::block_size, both policies): every chunk but an item's
+// last is a whole number of blocks, as TensorRT-LLM's chunked context requires, so a chunk never
+// ends inside a block a later chunk writes. Its cost in steps: whole_first chunks a long item
+// into pieces of budget rounded down to the block size; fill leaves less than block_size tokens
+// of room in a step it splits an item at, so without dependencies it uses at most
+// ceil(total / (budget - block_size + 1)) steps (every step but the last filled to within
+// block_size - 1 tokens) instead of exactly ceil(total / budget).
+//
 // Items may depend on others (a suffix on the shared prefix it continues, prepack/prefix.hpp):
-// an item's first chunk goes in a later step than the last chunk of the item it follows.
+// an item's first chunk goes in a later step than the last chunk of the item it follows. An item
+// is a prompt's own tokens (its `prompt` names it: step inputs give it the prompt's id and
+// logits where it ends) or a shared prefix (no prompt: an id apart, and logits only when a
+// prompt ends there too, `ends_prompt`). An empty batch is a schedule of zero steps.
 // Cost: O((n + chunks) log steps) after an O(n log n) sort; deterministic (ties by index).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <numeric>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "detail/checked.hpp"
+#include "detail/range.hpp"
 #include "error.hpp"
-#include "plan.hpp"
 #include "span.hpp"
 
 PREPACK_NAMESPACE_BEGIN
@@ -57,6 +70,9 @@ struct budget_options {
   std::size_t budget = 2048;  // tokens per step (an engine's max_num_batched_tokens)
   chunking policy = chunking::whole_first;
   schedule_order order = schedule_order::arrival;  // fill only
+  /// When > 0, every chunk but an item's last is a multiple of this many tokens (the pool's
+  /// block size: TensorRT-LLM's rule for chunked context). 0: chunks of any length.
+  std::size_t block_size = 0;
 };
 
 /// One thing to prefill: `length` tokens that continue `context` tokens already cached (a
@@ -65,17 +81,30 @@ struct budget_options {
 struct schedule_item {
   std::size_t length = 0;
   std::size_t context = 0;
-  std::optional<std::size_t> after;
+  std::optional<std::size_t> after = std::nullopt;
+  /// The prompt whose own tokens the item holds (a whole prompt, or its rest after a shared
+  /// prefix); none for a shared prefix, which is no prompt's own.
+  std::optional<std::size_t> prompt = std::nullopt;
+  /// A prompt ends where the item does: its last token's logits are wanted. Always true for a
+  /// prompt's own item; for a prefix, true when some prompt is that prefix exactly.
+  bool ends_prompt = true;
 };
+
+/// How messages name item i: "prompt 3" for a prompt's own item, "item 1" for any other (a
+/// shared prefix): an item's index is not a prompt's.
+inline std::string item_name(const schedule_item& it, std::size_t i) {
+  return it.prompt ? "prompt " + std::to_string(*it.prompt) : "item " + std::to_string(i);
+}
 
 /// A piece of an item prefilled in one step.
 struct chunk {
-  std::size_t item = 0;     // the item (prompt) it belongs to
+  std::size_t item = 0;     // the item it belongs to
   std::size_t start = 0;    // its first token within the item
   std::size_t length = 0;   // its tokens
   std::size_t context = 0;  // tokens of the sequence cached before it: item context + start,
                             // the position of its first token
-  bool last = false;        // it completes the item: its last token yields the item's logits
+  bool last = false;        // it completes the item (its last token yields the item's logits
+                            // when the item ends a prompt)
 };
 
 /// Prompts split into steps of at most `budget` tokens. Chunks are listed step by step.
@@ -89,6 +118,7 @@ struct step_schedule {
 
   std::size_t n_items() const noexcept { return items.size(); }
   std::size_t n_steps() const noexcept { return step_begin.empty() ? 0 : step_begin.size() - 1; }
+  /// The chunks of step s (s < n_steps(); step_begin checked, as check_schedule does).
   span<const chunk> step(std::size_t s) const noexcept {
     return {chunks.data() + step_begin[s], step_begin[s + 1] - step_begin[s]};
   }
@@ -117,17 +147,21 @@ struct step_schedule {
 namespace detail {
 
 // A max-tree over the free room of steps, growing as steps open: "the earliest step at or after
-// `from` with room >= k", in O(log n).
+// `from` with room >= k" (k <= budget), in O(log steps); the tree doubles when every step it
+// holds lacks the room (amortized O(1) per step).
 class step_tree {
  public:
-  step_tree(std::size_t max_steps, std::size_t budget) {
-    while (leaves_ < max_steps) leaves_ *= 2;
+  step_tree(std::size_t steps, std::size_t budget) : budget_(budget) {
+    while (leaves_ < steps) leaves_ *= 2;
     tree_.assign(2 * leaves_, budget);
   }
-  std::size_t find(std::size_t from, std::size_t k) const {
-    const std::size_t s = find(1, 0, leaves_, from, k);
-    PREPACK_ASSERT(s < leaves_);
-    return s;
+  std::size_t find(std::size_t from, std::size_t k) {
+    PREPACK_ASSERT(k <= budget_);
+    for (;;) {
+      const std::size_t s = find(1, 0, leaves_, from, k);
+      if (s < leaves_) return s;
+      grow();
+    }
   }
   std::size_t room(std::size_t s) const { return tree_[leaves_ + s]; }
   void take(std::size_t s, std::size_t n) {
@@ -146,6 +180,16 @@ class step_tree {
     const std::size_t left = find(2 * node, lo, mid, from, k);
     return left != leaves_ ? left : find(2 * node + 1, mid, hi, from, k);
   }
+  // Twice the steps: the old leaves, then fresh ones with the whole budget.
+  void grow() {
+    std::vector<std::size_t> next(4 * leaves_, budget_);
+    std::copy(tree_.begin() + static_cast<std::ptrdiff_t>(leaves_), tree_.end(),
+              next.begin() + static_cast<std::ptrdiff_t>(2 * leaves_));
+    leaves_ *= 2;
+    tree_ = std::move(next);
+    for (std::size_t i = leaves_; i-- > 1;) tree_[i] = std::max(tree_[2 * i], tree_[2 * i + 1]);
+  }
+  std::size_t budget_ = 0;
   std::size_t leaves_ = 1;
   std::vector<std::size_t> tree_;  // [2 * leaves_]  max room below each node
 };
@@ -185,17 +229,27 @@ inline std::vector<std::size_t> item_depths(span<const schedule_item> items) {
 }  // namespace detail
 
 /// Schedules items (prompts, or suffixes after shared prefixes) into steps of at most
-/// opt.budget tokens with the policy opt.policy. Throws prepack::error for no items, a length
-/// of 0, a budget of 0, or an `after` that names no other item or loops.
+/// opt.budget tokens with the policy opt.policy (block-aligned when opt.block_size > 0). No items
+/// give a schedule of zero steps. Throws prepack::error for a length of 0, a budget of 0, a
+/// block size above the budget, or an `after` that names no other item or loops.
 inline step_schedule budgeted_schedule(span<const schedule_item> items, const budget_options& opt) {
   using detail::require;
-  require(!items.empty(), "empty batch: no prompts to schedule");
   require(opt.budget > 0, "budget 0");
-  std::size_t total = 0, max_chunks = 0;
+  const std::size_t bs = opt.block_size;
+  require(bs <= opt.budget, "block size ", bs, " exceeds the budget ", opt.budget,
+          " (a block-aligned chunk needs at least one block)");
+  step_schedule out;
+  out.budget = opt.budget;
+  out.items.assign(items.begin(), items.end());
+  out.finish_step.assign(items.size(), 0);
+  out.step_begin.assign(1, 0);
+  if (items.empty()) return out;
+  // Whole-first chunks: the budget, rounded down to whole blocks when aligned.
+  const std::size_t full_chunk = bs > 0 ? opt.budget / bs * bs : opt.budget;
+  std::size_t total = 0;
   for (std::size_t i = 0; i < items.size(); ++i) {
-    require(items[i].length > 0, "prompt ", i, ": length 0");
+    if (items[i].length == 0) detail::fail(item_name(items[i], i), ": length 0");
     total = detail::add(total, items[i].length, "tokens");
-    max_chunks += (items[i].length + opt.budget - 1) / opt.budget + 1;
   }
   const std::vector<std::size_t> depth = detail::item_depths(items);
   const std::size_t levels = *std::max_element(depth.begin(), depth.end()) + 1;
@@ -213,12 +267,8 @@ inline step_schedule budgeted_schedule(span<const schedule_item> items, const bu
     return false;
   });
 
-  step_schedule out;
-  out.budget = opt.budget;
-  out.items.assign(items.begin(), items.end());
-  out.finish_step.assign(items.size(), 0);
-  // At most one step per chunk, and a chunk per item per `budget` tokens plus its tail.
-  detail::step_tree tree(max_chunks + levels, opt.budget);
+  // Room for the lower bound of steps and a few more; the tree grows past them if it must.
+  detail::step_tree tree(total / opt.budget + levels + 1, opt.budget);
   std::vector<std::pair<std::size_t, chunk>> placed;  // (step, chunk), in placement order
   std::size_t n_steps = 0;
   for (std::size_t i : order) {
@@ -229,10 +279,12 @@ inline step_schedule budgeted_schedule(span<const schedule_item> items, const bu
       const std::size_t rest = it.length - done;
       std::size_t s, piece;
       if (opt.policy == chunking::fill) {
-        s = tree.find(from, 1);
-        piece = std::min(rest, tree.room(s));
+        // The earliest step with room for the rest, or (aligned) for at least one block of it.
+        s = tree.find(from, bs > 0 ? std::min(rest, bs) : 1);
+        const std::size_t room = tree.room(s);
+        piece = rest <= room ? rest : (bs > 0 ? room / bs * bs : room);
       } else {
-        piece = std::min(rest, opt.budget);
+        piece = std::min(rest, full_chunk);
         s = tree.find(from, piece);
       }
       tree.take(s, piece);
@@ -255,77 +307,100 @@ inline step_schedule budgeted_schedule(span<const schedule_item> items, const bu
 }
 
 /// Checks a schedule's own invariants, as an engine handed one (or one edited by hand) should
-/// before running it: step_begin delimits the chunks, every item is covered by its chunks in
-/// order, each chunk in a later step than the item's previous one, at the context it says, and
-/// an item that follows another starts after that one's last chunk; finish_step agrees.
-/// Throws prepack::error naming the first violation ("prompt 3: chunk in step 1 runs before
-/// item 0 it follows ends in step 2"). O(chunks + items).
-inline void check_schedule(const step_schedule& s) {
+/// before running it: step_begin delimits the chunks (checked before any chunk is read), no
+/// step holds more tokens than the budget, every item is covered by its chunks in order, each
+/// chunk in a later step than the item's previous one, at the context it says, and an item that
+/// follows another starts after that one's last chunk; finish_step agrees; with a block size,
+/// every chunk but an item's last is a whole number of blocks. Throws prepack::error naming the
+/// first violation ("prompt 3: chunk in step 1 runs before item 0 it follows ends in step 2").
+/// O(chunks + items).
+inline void check_schedule(const step_schedule& s, std::size_t block_size = 0) {
   using detail::require;
   const std::size_t n = s.n_items();
+  require(s.budget > 0, "schedule: budget 0");
   require(
       !s.step_begin.empty() && s.step_begin.front() == 0 && s.step_begin.back() == s.chunks.size(),
       "schedule: step_begin does not delimit ", s.chunks.size(), " chunks");
+  for (std::size_t st = 0; st + 1 < s.step_begin.size(); ++st) {
+    if (s.step_begin[st] > s.step_begin[st + 1]) {
+      detail::fail("schedule: step_begin[", st, "] = ", s.step_begin[st], " > step_begin[", st + 1,
+                   "] = ", s.step_begin[st + 1], " (step ", st, " has negative size)");
+    }
+  }
   require(s.finish_step.size() == n, "schedule: ", s.finish_step.size(), " finish steps for ", n,
           " items");
   detail::item_depths(span<const schedule_item>(s.items));  // `after` names other items, no loop
   std::vector<std::size_t> done(n, 0), last_step(n, 0), first_step(n, 0);
   std::vector<bool> started(n, false);
   for (std::size_t st = 0; st < s.n_steps(); ++st) {
-    require(s.step_begin[st] <= s.step_begin[st + 1], "schedule: step ", st, " has negative size");
+    std::size_t tokens = 0;
     for (const chunk& c : s.step(st)) {
       require(c.item < n, "schedule: step ", st, ": chunk of item ", c.item, " outside ", n);
       const schedule_item& it = s.items[c.item];
-      require(c.start == done[c.item] && c.length > 0 && c.length <= it.length - done[c.item],
-              "prompt ", c.item, ": chunk at token ", c.start, " of ", c.length, " tokens in step ",
-              st, " is not its next ", it.length - done[c.item], " tokens from ", done[c.item]);
-      require(!started[c.item] || st > last_step[c.item], "prompt ", c.item,
-              ": two chunks in step ", st, " or out of order");
-      require(c.context == it.context + c.start, "prompt ", c.item, ": chunk context ", c.context,
-              " is not the prompt's context ", it.context, " + its start ", c.start);
-      require(c.last == (c.start + c.length == it.length), "prompt ", c.item, ": chunk in step ",
-              st, " is marked last wrongly");
+      const auto name = [&] { return item_name(it, c.item); };
+      if (c.start != done[c.item] || c.length == 0 || c.length > it.length - done[c.item]) {
+        detail::fail(name(), ": chunk at token ", c.start, " of ", c.length, " tokens in step ", st,
+                     " is not its next ", it.length - done[c.item], " tokens from ", done[c.item]);
+      }
+      if (started[c.item] && st <= last_step[c.item]) {
+        detail::fail(name(), ": two chunks in step ", st, " or out of order");
+      }
+      if (c.context != it.context + c.start) {
+        detail::fail(name(), ": chunk context ", c.context, " is not the item's context ",
+                     it.context, " + its start ", c.start);
+      }
+      if (c.last != (c.start + c.length == it.length)) {
+        detail::fail(name(), ": chunk in step ", st, " is marked last wrongly");
+      }
+      if (block_size > 0 && !c.last && c.length % block_size != 0) {
+        detail::fail(name(), ": chunk of ", c.length, " tokens in step ", st,
+                     " is not a whole number of blocks of ", block_size, " (only the last may be)");
+      }
       if (!started[c.item]) first_step[c.item] = st;
       started[c.item] = true;
       done[c.item] += c.length;
       last_step[c.item] = st;
+      tokens += c.length;
+    }
+    if (tokens > s.budget) {
+      detail::fail("schedule: step ", st, " holds ", tokens, " tokens, over the budget ", s.budget);
     }
   }
   for (std::size_t i = 0; i < n; ++i) {
-    require(done[i] == s.items[i].length, "prompt ", i, ": ", done[i], " of ", s.items[i].length,
-            " tokens scheduled");
-    require(s.finish_step[i] == last_step[i], "prompt ", i, ": finish step ", s.finish_step[i],
-            ", its last chunk is in step ", last_step[i]);
+    if (done[i] != s.items[i].length) {
+      detail::fail(item_name(s.items[i], i), ": ", done[i], " of ", s.items[i].length,
+                   " tokens scheduled");
+    }
+    if (s.finish_step[i] != last_step[i]) {
+      detail::fail(item_name(s.items[i], i), ": finish step ", s.finish_step[i],
+                   ", its last chunk is in step ", last_step[i]);
+    }
   }
   for (std::size_t i = 0; i < n; ++i) {
     const auto& a = s.items[i].after;
-    if (!a) continue;
-    require(first_step[i] > last_step[*a], "prompt ", i, ": chunk in step ", first_step[i],
-            " runs before item ", *a, " it follows ends in step ", last_step[*a]);
+    if (a && first_step[i] <= last_step[*a]) {
+      detail::fail(item_name(s.items[i], i), ": chunk in step ", first_step[i], " runs before ",
+                   item_name(s.items[*a], *a), " it follows ends in step ", last_step[*a]);
+    }
   }
 }
 
-/// Schedules whole prompts of the given lengths (any integer type): one item per prompt.
-/// Throws as above, and for a negative length.
-template <class Length>
-step_schedule budgeted_schedule(span<const Length> length, const budget_options& opt) {
-  static_assert(std::is_integral_v<Length>, "lengths must be integers");
+/// Schedules whole prompts of the given lengths (any contiguous range of an integer type, or a
+/// braced list): item i is prompt i. Throws as above, and for a negative length.
+template <class Range, class = detail::if_length_range<Range>>
+step_schedule budgeted_schedule(const Range& lengths, const budget_options& opt) {
+  const auto length = detail::as_span(lengths);
   std::vector<schedule_item> items(length.size());
   for (std::size_t i = 0; i < length.size(); ++i) {
     detail::require(!detail::is_negative(length[i]), "prompt ", i, ": length ", length[i]);
     items[i].length = static_cast<std::size_t>(length[i]);
+    items[i].prompt = i;
   }
   return budgeted_schedule(span<const schedule_item>(items), opt);
 }
-
-template <class Range, class = detail::if_length_range<Range>>
-step_schedule budgeted_schedule(const Range& length, const budget_options& opt) {
-  return budgeted_schedule(detail::as_span(length), opt);
-}
-
-inline step_schedule budgeted_schedule(const std::vector<schedule_item>& items,
-                                       const budget_options& opt) {
-  return budgeted_schedule(span<const schedule_item>(items), opt);
+template <class Length>
+step_schedule budgeted_schedule(std::initializer_list<Length> lengths, const budget_options& opt) {
+  return budgeted_schedule(span<const Length>(lengths.begin(), lengths.size()), opt);
 }
 
 PREPACK_NAMESPACE_END

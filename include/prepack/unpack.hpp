@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "error.hpp"
 #include "layout.hpp"
 #include "numeric.hpp"
+#include "paged.hpp"
 #include "span.hpp"
 
 PREPACK_NAMESPACE_BEGIN
@@ -214,8 +216,9 @@ class written_runs {
 };
 
 // Checks a block table for a layout over a pool of n_blocks blocks of block_size: enough
-// entries for every prompt's positions, entries in range for the blocks it writes, and no block
-// written by two prompts (or twice by one). Allocates one word per block.
+// entries in the pool for every prompt's positions, no block listed twice by a prompt, written by
+// two, or written by one while another reads it as context. O(prompts + b log b) for the b blocks
+// the prompts touch.
 template <class B, class Token, class Index>
 void check_block_table(const packed_layout<Token, Index>& l, const tensor_view<B, 2>& block_table,
                        std::size_t n_blocks, std::size_t block_size) {
@@ -225,31 +228,25 @@ void check_block_table(const packed_layout<Token, Index>& l, const tensor_view<B
   check_view(block_table, "block table", false);
   require(block_table.extent[0] >= l.n_prompts(), "block table: ", block_table.extent[0],
           " rows for ", l.n_prompts(), " prompts");
-  constexpr std::size_t unused = static_cast<std::size_t>(-1);
-  std::vector<std::size_t> owner(n_blocks, unused);  // [n_blocks]  prompt writing each block
+  std::vector<block_use> uses;
+  const auto name = [](std::size_t i) { return "prompt " + std::to_string(i); };
   for (std::size_t i = 0; i < l.n_prompts(); ++i) {
     const auto ctx = static_cast<std::size_t>(l.prompt_context()[i]);
     const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
-    const std::size_t need = (ctx + len + block_size - 1) / block_size;
-    require(need <= block_table.extent[1], "prompt ", i, ": positions up to ", ctx + len, " need ",
-            need, " blocks of ", block_size, ", the block table has ", block_table.extent[1]);
-    for (std::size_t k = ctx / block_size; k < need; ++k) {
-      const B id = block_table(i, k);
-      require(!is_negative(id) && static_cast<std::size_t>(id) < n_blocks, "prompt ", i,
-              ": block_table[", i, "][", k, "] = ", id, " outside the pool's blocks 0..",
-              n_blocks - 1);
-      std::size_t& who = owner[static_cast<std::size_t>(id)];
-      require(who == unused, "prompt ", i, ": block ", id, " is already written by prompt ", who);
-      who = i;
-    }
+    const auto entry = [&](std::size_t k) { return block_table(i, k); };
+    check_row(entry, block_table.extent[1], ctx + len, block_size, n_blocks,
+              [&] { return name(i); });
+    add_block_uses(uses, entry, ctx, len, block_size, i);
   }
+  check_block_uses(uses, name);
 }
 
 template <class B, class Token, class Index>
 std::size_t pool_slot(const packed_layout<Token, Index>& l, const tensor_view<B, 2>& block_table,
                       std::size_t block_size, std::size_t i, std::size_t t) {
   const std::size_t pos = static_cast<std::size_t>(l.prompt_context()[i]) + t;
-  return static_cast<std::size_t>(block_table(i, pos / block_size)) * block_size + pos % block_size;
+  return static_cast<std::size_t>(
+      slot_of(static_cast<std::int64_t>(block_table(i, pos / block_size)), pos, block_size));
 }
 
 // The source must be (layer, row, slot, head, dim) over this layout.
@@ -262,9 +259,11 @@ void check_source(const tensor_view<S, 5>& src, const packed_layout<Token, Index
           " (a layout from another batch?)");
 }
 
+// The destination has at least the source's layers (its first ones are written) and the same
+// heads and dims.
 template <class S, class T, std::size_t R>
 void check_heads(const tensor_view<S, 5>& src, const tensor_view<T, R>& dst, const char* what) {
-  require(dst.extent[0] == src.extent[0], what, ": ", dst.extent[0], " layers, the source has ",
+  require(dst.extent[0] >= src.extent[0], what, ": ", dst.extent[0], " layers, the source has ",
           src.extent[0]);
   require(dst.extent[R - 2] == src.extent[3] && dst.extent[R - 1] == src.extent[4], what, ": ",
           dst.extent[R - 2], " heads x ", dst.extent[R - 1], " dims, the source has ",
@@ -286,7 +285,7 @@ void copy_token(const S* s, std::size_t s_head, std::size_t s_dim, D* d, std::si
       }
     } else {
       for (std::size_t k = 0; k < head_dim; ++k) {
-        dh[k * d_dim] = convert_to<D>(to_float(sh[k * s_dim]));
+        dh[k * d_dim] = convert<D>(sh[k * s_dim]);
       }
     }
   }
@@ -348,7 +347,7 @@ void unpack_prompts(const packed_layout<Token, Index>& l, const packed_kv<S>& sr
                       " positions, the prompt needs ", ctx + len);
       detail::check_heads(src.k, d, "prompt destination");
       detail::check_view(d, "prompt destination", true);
-      runs.add(d, {0, ctx, 0, 0}, {d.extent[0], len, d.extent[2], d.extent[3]});
+      runs.add(d, {0, ctx, 0, 0}, {src.k.extent[0], len, d.extent[2], d.extent[3]});
     }
   }
   runs.require_disjoint("prompt destinations");
@@ -422,7 +421,7 @@ void unpack_left_padded(const packed_layout<Token, Index>& l, const packed_kv<S>
     detail::check_heads(src.k, *dst, "left-padded destination");
     detail::check_view(*dst, "left-padded destination", true);
     runs.add(*dst, {0, 0, 0, 0, 0},
-             {dst->extent[0], l.n_prompts(), dst->extent[2], dst->extent[3], dst->extent[4]});
+             {src.k.extent[0], l.n_prompts(), dst->extent[2], dst->extent[3], dst->extent[4]});
   }
   runs.require_disjoint("left-padded destinations");
   const auto into = [&l](const tensor_view<T, 5>& d) {
@@ -722,7 +721,7 @@ void gather_last(const packed_layout<Token, Index>& l, tensor_view<S, 2> src,
       if constexpr (std::is_same_v<std::remove_const_t<S>, T>) {
         dst(i, f) = src(s, f);
       } else {
-        dst(i, f) = convert_to<T>(to_float(src(s, f)));
+        dst(i, f) = convert<T>(src(s, f));
       }
     }
   }

@@ -193,7 +193,8 @@ void check_pool_sequence(const kv_pool& pool, span<const std::int32_t> row, std:
                             " but its block table puts position ", context + i, " at slot ", want);
     }
   }
-  prepack::detail::add_block_uses(uses, row, context, q_len, bs, seq);
+  prepack::detail::add_block_uses(
+      uses, [&](std::size_t k) { return row[k]; }, context, q_len, bs, seq);
 }
 
 // The batch of a step over a paged pool (see model::forward).

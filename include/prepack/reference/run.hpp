@@ -106,7 +106,8 @@ prefix_prefill prefill_with_prefixes(const model& m, const std::vector<std::vect
   check_prefix_tables(out.plan, tables.items);
   out.cache.pool = kv_pool(m.cfg(), alloc.n_blocks(), popt.block_size);
   for (std::size_t i = 0; i < prompts.size(); ++i) {
-    out.cache.seqs.push_back({prepack::detail::table_row(tables.prompts, i), 0});
+    const auto row = tables.prompts.blocks(i);
+    out.cache.seqs.push_back({std::vector<std::int32_t>(row.begin(), row.end()), 0});
   }
   out.run =
       run_schedule(m, out.sched, out.plan.item_tokens(prompts), tables.items, out.cache.pool, opt);
