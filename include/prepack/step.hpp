@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "detail/checked.hpp"
@@ -58,6 +60,11 @@ struct step_inputs {
   Index max_seqlen_k = 0;             //               longest context + query
   std::vector<std::uint8_t> completes;  // [n_seqs]    1 if the chunk ends a prompt (its item's
                                         //             last chunk, of an item that ends a prompt)
+  std::vector<std::uint8_t> decodes;    // [n_seqs]    1 if it feeds back a generated token (a
+                                        //             decode: TensorRT-LLM's generation request)
+  std::vector<Index> prompt_lens;       // [n_seqs]    positions of the prompt it computes (its
+                                        //             item's context + length; TensorRT-LLM's
+                                        //             prompt / context length)
   block_tables tables;                  // [n_seqs][max_blocks]  the sequences' blocks
   // Per token.
   std::vector<Token> tokens;               // [n_tokens]    token ids
@@ -108,6 +115,96 @@ void check_step(const step_schedule& sched, std::size_t s,
 
 }  // namespace detail
 
+/// Builds the inputs of one step, sequence by sequence: what make_step_inputs, make_decode_inputs
+/// and the serving scheduler share. Every sequence is checked as it is added (its row covers its
+/// positions with blocks of the pool, every value fits Token / Index), and finish() checks the
+/// blocks the step touches together (none listed twice by a sequence, written by two, or read as
+/// context while another writes it). Cost: O(tokens + blocks) per sequence, O(b log b) in finish.
+template <class Token = std::int32_t, class Index = std::int32_t>
+class step_builder {
+ public:
+  /// `name(q)` names sequence q in messages (called only on failure).
+  step_builder(std::size_t block_size, std::size_t n_blocks,
+               std::function<std::string(std::size_t)> name)
+      : bs_(block_size), name_(std::move(name)) {
+    detail::require(block_size > 0, "block tables: block size 0");
+    detail::require(n_blocks > 0, "paged pool: the pool has no blocks");
+    in_.n_blocks = n_blocks;
+    in_.cu_seqlens_q.push_back(0);
+    in_.cu_seqlens_k.push_back(0);
+  }
+
+  /// Adds sequence q = n_seqs() (item `item`, caller id `id`): tokens [0, n) computed at
+  /// positions context .. context + n - 1, its blocks `row` (position p in row[p / block_size]),
+  /// `completes` (its last token's logits are wanted), `decode`, and the length of the prompt
+  /// it computes. Throws prepack::error, adding nothing, for what the class comment lists.
+  template <class T>
+  void add(std::size_t item, std::int64_t id, std::size_t context, span<const T> tokens,
+           span<const std::int32_t> row, bool completes, bool decode, std::size_t prompt_len) {
+    const std::size_t q = in_.seq_item.size();
+    const auto who = [&] { return name_(q); };
+    detail::require(!tokens.empty(), who(), ": no tokens to compute");
+    const std::size_t end = detail::add(context, tokens.size(), "position");
+    detail::check_row(row, end, bs_, in_.n_blocks, who);
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      if (!detail::fits<Token>(tokens[t])) {
+        detail::fail(who(), ": token ", t, " = ", tokens[t], " does not fit the token type");
+      }
+    }
+    detail::narrow<Index>(end, "position");
+    detail::narrow<Index>(prompt_len, "prompt length");
+    const std::size_t total_q = detail::add(n_tokens_, tokens.size(), "step tokens");
+    const std::size_t total_k = detail::add(n_keys_, end, "step keys");
+    detail::narrow<Index>(total_q, "cu_seqlens_q total");
+    detail::narrow<Index>(total_k, "cu_seqlens_k total");
+    // Checked: nothing below throws but for a failed allocation.
+    detail::add_block_uses(
+        uses_, [&](std::size_t k) { return row[k]; }, context, tokens.size(), bs_, q);
+    n_tokens_ = total_q;
+    n_keys_ = total_k;
+    rows_.emplace_back(row.begin(), row.end());
+    in_.seq_item.push_back(item);
+    in_.seq_id.push_back(id);
+    in_.context_lens.push_back(static_cast<Index>(context));
+    in_.query_lens.push_back(static_cast<Index>(tokens.size()));
+    in_.seq_lens.push_back(static_cast<Index>(end));
+    in_.cu_seqlens_q.push_back(static_cast<Index>(total_q));
+    in_.cu_seqlens_k.push_back(static_cast<Index>(total_k));
+    in_.max_seqlen_q = std::max(in_.max_seqlen_q, static_cast<Index>(tokens.size()));
+    in_.max_seqlen_k = std::max(in_.max_seqlen_k, static_cast<Index>(end));
+    in_.completes.push_back(completes ? 1 : 0);
+    in_.decodes.push_back(decode ? 1 : 0);
+    in_.prompt_lens.push_back(static_cast<Index>(prompt_len));
+    const block_row<std::int32_t> r{row, bs_};
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      const std::size_t pos = context + t;
+      in_.tokens.push_back(static_cast<Token>(tokens[t]));
+      in_.positions.push_back(static_cast<Index>(pos));
+      in_.token_seq_id.push_back(id);
+      in_.logits.push_back(completes && t + 1 == tokens.size() ? 1 : 0);
+      in_.slot_mapping.push_back(r.slot(pos));
+    }
+  }
+
+  std::size_t n_seqs() const noexcept { return in_.seq_item.size(); }
+  std::size_t n_tokens() const noexcept { return n_tokens_; }
+
+  /// The step: throws prepack::error for a block used unsafely (see the class comment).
+  step_inputs<Token, Index> finish() && {
+    detail::check_block_uses(uses_, name_);
+    in_.tables = make_block_tables(rows_, bs_);
+    return std::move(in_);
+  }
+
+ private:
+  std::size_t bs_ = 0;
+  std::function<std::string(std::size_t)> name_;
+  step_inputs<Token, Index> in_;
+  std::vector<std::vector<std::int32_t>> rows_;
+  std::vector<detail::block_use> uses_;
+  std::size_t n_tokens_ = 0, n_keys_ = 0;
+};
+
 /// Options for make_step_inputs.
 struct step_options {
   /// The caller's id of each item (a request id, a llama_seq_id); default: a prompt's item its
@@ -130,82 +227,57 @@ step_inputs<Token, Index> make_step_inputs(const step_schedule& sched, std::size
                                            const std::vector<std::vector<T>>& item_tokens,
                                            const block_tables& tables, std::size_t n_blocks,
                                            const step_options& opt = {}) {
-  using detail::require;
   detail::check_step(sched, s, item_tokens);
-  require(tables.block_size > 0, "block tables: block size 0");
-  require(n_blocks > 0, "paged pool: the pool has no blocks");
-  require(tables.n_seqs() >= sched.n_items(), "block tables: ", tables.n_seqs(), " rows for ",
-          sched.n_items(), " items");
-  require(opt.seq_ids.empty() || opt.seq_ids.size() == sched.n_items(),
-          "sequence ids: ", opt.seq_ids.size(), " for ", sched.n_items(), " items");
+  detail::require(tables.n_seqs() >= sched.n_items(), "block tables: ", tables.n_seqs(),
+                  " rows for ", sched.n_items(), " items");
+  detail::require(opt.seq_ids.empty() || opt.seq_ids.size() == sched.n_items(),
+                  "sequence ids: ", opt.seq_ids.size(), " for ", sched.n_items(), " items");
   const span<const chunk> chunks = sched.step(s);
-  const std::size_t bs = tables.block_size;
-  const auto name = [&](std::size_t q) {
+  step_builder<Token, Index> b(tables.block_size, n_blocks, [&](std::size_t q) {
     return item_name(sched.items[chunks[q].item], chunks[q].item);
-  };
-  // Blocks: each sequence's row covers its positions with blocks of the pool, and the blocks
-  // the step touches are used safely (one writer each, none read while another writes it).
-  std::vector<std::vector<std::int32_t>> rows;
-  std::vector<detail::block_use> uses;
-  std::size_t total_q = 0, total_k = 0;
-  for (std::size_t q = 0; q < chunks.size(); ++q) {
-    const chunk& c = chunks[q];
-    const span<const std::int32_t> row = tables.blocks(c.item);
-    detail::check_row(row, c.context + c.length, bs, n_blocks, [&] { return name(q); });
-    detail::add_block_uses(
-        uses, [&](std::size_t k) { return row[k]; }, c.context, c.length, bs, q);
-    rows.emplace_back(row.begin(), row.end());
-    total_q = detail::add(total_q, c.length, "step tokens");
-    total_k = detail::add(total_k, c.context + c.length, "step keys");
-    detail::narrow<Index>(c.context + c.length, "position");
-  }
-  detail::check_block_uses(uses, name);
-  detail::narrow<Index>(total_q, "cu_seqlens_q total");
-  detail::narrow<Index>(total_k, "cu_seqlens_k total");
-
-  step_inputs<Token, Index> in;
-  in.n_blocks = n_blocks;
-  in.tables = make_block_tables(rows, bs);
-  in.cu_seqlens_q.push_back(0);
-  in.cu_seqlens_k.push_back(0);
-  in.tokens.reserve(total_q);
-  in.positions.reserve(total_q);
-  in.token_seq_id.reserve(total_q);
-  in.logits.reserve(total_q);
-  in.slot_mapping.reserve(total_q);
-  for (std::size_t q = 0; q < chunks.size(); ++q) {
-    const chunk& c = chunks[q];
+  });
+  for (const chunk& c : chunks) {
     const schedule_item& it = sched.items[c.item];
     const std::int64_t id = !opt.seq_ids.empty() ? opt.seq_ids[c.item]
                             : it.prompt          ? static_cast<std::int64_t>(*it.prompt)
                                                  : -1 - static_cast<std::int64_t>(c.item);
-    const bool completes = c.last && it.ends_prompt;
-    in.seq_item.push_back(c.item);
-    in.seq_id.push_back(id);
-    in.context_lens.push_back(static_cast<Index>(c.context));
-    in.query_lens.push_back(static_cast<Index>(c.length));
-    in.seq_lens.push_back(static_cast<Index>(c.context + c.length));
-    in.cu_seqlens_q.push_back(static_cast<Index>(in.cu_seqlens_q.back() + in.query_lens.back()));
-    in.cu_seqlens_k.push_back(static_cast<Index>(in.cu_seqlens_k.back() + in.seq_lens.back()));
-    in.max_seqlen_q = std::max(in.max_seqlen_q, in.query_lens.back());
-    in.max_seqlen_k = std::max(in.max_seqlen_k, in.seq_lens.back());
-    in.completes.push_back(completes ? 1 : 0);
     const auto& toks = item_tokens[c.item];
-    const block_row<std::int32_t> row{in.tables.row(q), bs};
-    for (std::size_t t = 0; t < c.length; ++t) {
-      const T tok = toks[c.start + t];
-      if (!detail::fits<Token>(tok)) {
-        detail::fail(name(q), ": token ", c.start + t, " = ", tok, " does not fit the token type");
-      }
-      const std::size_t pos = c.context + t;
-      in.tokens.push_back(static_cast<Token>(tok));
-      in.positions.push_back(static_cast<Index>(pos));
-      in.token_seq_id.push_back(id);
-      in.logits.push_back(completes && t + 1 == c.length ? 1 : 0);
-      in.slot_mapping.push_back(row.slot(pos));
-    }
+    b.add(c.item, id, c.context, span<const T>(toks.data() + c.start, c.length),
+          tables.blocks(c.item), c.last && it.ends_prompt, false, it.context + it.length);
   }
-  return in;
+  return std::move(b).finish();
+}
+
+/// One sequence of a decode step: it feeds back `token` at position `context` (the positions
+/// before it cached), over its blocks.
+template <class T = std::int32_t>
+struct decode_sequence {
+  std::int64_t id = 0;                // the caller's id (a request id, a llama_seq_id)
+  T token{};                          // the token it generated last
+  std::size_t context = 0;            // positions cached: the token's position
+  span<const std::int32_t> blocks;    // its block table row, covering context + 1 positions
+  std::size_t prompt_len = 0;         // its prompt's length (TensorRT-LLM's context length)
+};
+
+/// A decode step: every sequence one token, its logits wanted. Throws prepack::error as
+/// step_builder does ("sequence <id>: ..."). Cost: O(n_seqs + blocks touched).
+template <class Token = std::int32_t, class Index = std::int32_t, class T>
+step_inputs<Token, Index> make_decode_inputs(span<const decode_sequence<T>> seqs,
+                                             std::size_t block_size, std::size_t n_blocks) {
+  step_builder<Token, Index> b(block_size, n_blocks, [&](std::size_t q) {
+    return "sequence " + std::to_string(seqs[q].id);
+  });
+  for (std::size_t q = 0; q < seqs.size(); ++q) {
+    const auto& d = seqs[q];
+    b.add(q, d.id, d.context, span<const T>(&d.token, 1), d.blocks, true, true, d.prompt_len);
+  }
+  return std::move(b).finish();
+}
+template <class Token = std::int32_t, class Index = std::int32_t, class T>
+step_inputs<Token, Index> make_decode_inputs(const std::vector<decode_sequence<T>>& seqs,
+                                             std::size_t block_size, std::size_t n_blocks) {
+  return make_decode_inputs<Token, Index>(span<const decode_sequence<T>>(seqs), block_size,
+                                          n_blocks);
 }
 
 /// A step laid out as rows, for engines that take rectangular batches: the chunks of the step

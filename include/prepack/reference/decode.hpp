@@ -91,34 +91,16 @@ struct decode_result {
   std::vector<std::vector<float>> margins;  // [n_seqs][n_new]
 };
 
-/// The step that feeds token tokens[i] to every sequence i of the cache at its next position.
+/// The step that feeds token tokens[i] to every sequence i of the cache at its next position
+/// (prepack::make_decode_inputs).
 inline step_inputs<> decode_step(const paged_cache& cache, const std::vector<int>& tokens) {
-  step_inputs<> in;
-  in.tables = tables_of(cache);
-  in.n_blocks = cache.pool.n_blocks();
-  in.cu_seqlens_q.push_back(0);
-  in.cu_seqlens_k.push_back(0);
-  const std::size_t bs = cache.pool.block_size();
-  for (std::size_t i = 0; i < cache.seqs.size(); ++i) {
+  std::vector<decode_sequence<int>> seqs(cache.seqs.size());
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
     const paged_sequence& s = cache.seqs[i];
-    const auto len = static_cast<std::int32_t>(s.length);
-    in.seq_item.push_back(i);
-    in.seq_id.push_back(static_cast<std::int64_t>(i));
-    in.context_lens.push_back(len);
-    in.query_lens.push_back(1);
-    in.seq_lens.push_back(len + 1);
-    in.cu_seqlens_q.push_back(in.cu_seqlens_q.back() + 1);
-    in.cu_seqlens_k.push_back(in.cu_seqlens_k.back() + len + 1);
-    in.max_seqlen_q = 1;
-    in.max_seqlen_k = std::max(in.max_seqlen_k, len + 1);
-    in.completes.push_back(1);
-    in.tokens.push_back(tokens[i]);
-    in.positions.push_back(len);
-    in.token_seq_id.push_back(static_cast<std::int64_t>(i));
-    in.logits.push_back(1);
-    in.slot_mapping.push_back(static_cast<std::int64_t>(s.slot(s.length, bs)));
+    seqs[i] = {static_cast<std::int64_t>(i), tokens[i], s.length,
+               span<const std::int32_t>(s.blocks), s.length};
   }
-  return in;
+  return make_decode_inputs(seqs, cache.pool.block_size(), cache.pool.n_blocks());
 }
 
 /// Continues every sequence of the cache greedily for n_new tokens: the first from
