@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
+#include "support/cli.hpp"
 #include "support/workload.hpp"
 
 namespace {
@@ -51,6 +52,48 @@ void BM_PlanAndLayout(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One step's inputs (64 sequences of 32 new tokens over 2 KiB contexts, blocks of 16) over pools of
+// 10^4 and 10^7 blocks: the same step, the same blocks, so the time must not grow with the pool.
+// Then every engine's form of that step.
+void BM_StepInputs(benchmark::State& state) {
+  const auto pool = static_cast<std::size_t>(state.range(0));
+  const std::size_t n = 64, q = 32, ctx = 2048, bs = 16;
+  std::vector<prepack::schedule_item> items(n);
+  std::vector<std::vector<int>> tokens(n, std::vector<int>(q, 5));
+  std::vector<std::vector<std::int32_t>> rows(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    items[i].length = q;
+    items[i].context = ctx;
+    items[i].prompt = i;
+    const std::size_t nb = prepack::blocks_for(ctx + q, bs), spread = pool / (n * nb);
+    for (std::size_t k = 0; k < nb; ++k) {  // distinct blocks, spread over the whole pool
+      rows[i].push_back(static_cast<std::int32_t>((i * nb + k) * spread));
+    }
+  }
+  const auto tables = prepack::make_block_tables(rows, bs);
+  const auto sched = prepack::budgeted_schedule(items, {n * q});
+  for (auto _ : state) {
+    auto in = prepack::make_step_inputs(sched, 0, tokens, tables, pool);
+    benchmark::DoNotOptimize(in.slot_mapping.data());
+    if (state.range(1) != 0) {
+      auto v = prepack::vllm::make_step(in);
+      auto f = prepack::flashinfer::make_step(in);
+      auto t = prepack::trtllm::make_step(in, {8, 0});
+      benchmark::DoNotOptimize(v.slot_mapping.data());
+      benchmark::DoNotOptimize(f.attention.paged_kv_indices.data());
+      benchmark::DoNotOptimize(t.kv_cache_block_offsets.data());
+    }
+  }
+  state.counters["pool_blocks"] = static_cast<double>(pool);
+}
+BENCHMARK(BM_StepInputs)
+    ->Args({10000, 0})
+    ->Args({10000000, 0})
+    ->Args({10000, 1})
+    ->Args({10000000, 1})
+    ->ArgNames({"pool", "engines"})
+    ->Unit(benchmark::kMicrosecond);
+
 BENCHMARK_CAPTURE(BM_Plan, ffd, ffd, support::profile::heavy)
     ->RangeMultiplier(10)
     ->Range(1000, 1000000)
@@ -81,4 +124,12 @@ BENCHMARK(BM_PlanAndLayout)
 
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return support::guarded_main("bench_plan", [&] {
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+  });
+}

@@ -1,12 +1,12 @@
 // prepack/prepack.hpp - the whole standard-library-only API: planner, layouts, masks, engine
-// formats, unpacker, budgeted schedules and their step inputs over a paged pool, shared prefixes.
-// Synthetic workloads and the prompt-file reader (prepack/workload.hpp) are for demos and
-// benchmarks and are not included here; the reference model (Eigen) is separate:
-// prepack/reference.hpp.
+// formats, unpacker, budgeted schedules and their step inputs over a paged pool, shared
+// prefixes, and every engine's own form of a step (prepack/engines/). The optional components
+// are separate: prepack/reference.hpp (Eigen), prepack/checkpoint.hpp (POSIX, nlohmann-json).
 #pragma once
 
 #include "config.hpp"
 #include "engine.hpp"
+#include "engines.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 #include "mask.hpp"

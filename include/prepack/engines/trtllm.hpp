@@ -1,0 +1,134 @@
+// prepack/engines/trtllm.hpp - one step in TensorRT-LLM's own form (TensorRT-LLM 0.17 to 1.0, its
+// PyTorch flow): the attention inputs TrtllmAttentionMetadata.prepare fills
+// (tensorrt_llm/_torch/attention_backend/trtllm.py) and the KV block offsets its KV cache manager
+// writes (cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp, WindowBlockManager::setOffsets):
+//
+//  context requests first, then generation requests (num_contexts of them)
+//  seq_lens                   [num_seqs] int32  new tokens (1 for a generation request)
+//  num_cached_tokens_per_seq  [num_seqs] int32  tokens already in the cache
+//  kv_lens                    [num_seqs] int32  cached + new
+//  context_lengths            [num_seqs] int32  each request's prompt length (prompt_lens)
+//  host_request_types         [num_seqs] int32  0 context, 1 generation
+//  kv_cache_block_offsets     [num_pools = 1][num_seqs][2 (K, V)][max_blocks_per_seq] int32:
+//                             for block b of a pool of num_layers layers (block-first layout
+//                             [blocks][layers][K|V][...]), K at flat_index3(b, 0, 0, num_layers,
+//                             2) = 2 b num_layers and V one further; 0 past a request's blocks
+// Chunked context needs every chunk but a prompt's last to be a whole number of blocks (each
+// chunk starts at a block boundary): make_step refuses a step that breaks it, naming the
+// request (budget_options::block_size schedules so).
+// Cost: O(tokens + num_seqs x max_blocks_per_seq). Standard library only.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../detail/checked.hpp"
+#include "../error.hpp"
+#include "../step.hpp"
+
+PREPACK_NAMESPACE_BEGIN
+namespace trtllm {
+
+/// One forward pass in TensorRT-LLM's order and arrays. Position r is the step's sequence
+/// seq_order[r].
+struct attention_inputs {
+  std::vector<std::size_t> seq_order;  // [num_seqs]  step sequence at each position
+  std::int32_t num_contexts = 0;       // context requests (the first ones)
+  std::int32_t num_generations = 0;
+  std::vector<std::int64_t> request_ids;                // [num_seqs]
+  std::vector<std::int32_t> seq_lens;                   // [num_seqs]
+  std::vector<std::int32_t> num_cached_tokens_per_seq;  // [num_seqs]
+  std::vector<std::int32_t> kv_lens;                    // [num_seqs]
+  std::vector<std::int32_t> context_lengths;            // [num_seqs]  prompt lengths
+  std::vector<std::int32_t> host_request_types;         // [num_seqs]  0 context, 1 generation
+  std::size_t max_blocks_per_seq = 0;
+  std::vector<std::int32_t> kv_cache_block_offsets;  // [1][num_seqs][2][max_blocks_per_seq]
+  std::vector<std::int32_t> input_ids;               // [num_tokens]  in seq_order
+  std::vector<std::int32_t> position_ids;            // [num_tokens]
+  std::vector<std::int32_t> tokens_per_block;        // {block size}
+};
+
+struct options {
+  std::size_t num_layers = 1;          // layers of the KV pool (the offsets count in them)
+  std::size_t max_blocks_per_seq = 0;  // offsets' width; 0: the step's widest block list
+};
+
+/// The step in TensorRT-LLM's form. Throws prepack::error, naming the request, for a chunk of a
+/// context request that does not start at a block boundary or, short of its prompt's end, is not
+/// a whole number of blocks; for a width below a request's blocks or num_layers 0; for a value
+/// that does not fit int32.
+template <class Token, class Index>
+attention_inputs make_step(const step_inputs<Token, Index>& in, const options& opt = {}) {
+  using prepack::detail::narrow;
+  using prepack::detail::require;
+  const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
+  require(opt.num_layers > 0, "trtllm: num_layers 0");
+  attention_inputs a;
+  a.tokens_per_block = {narrow<std::int32_t>(bs, "tokens per block")};
+  std::size_t width = 0;
+  for (std::size_t q = 0; q < n; ++q) {
+    width = std::max(width, in.tables.blocks(q).size());
+    if (in.decodes[q]) continue;
+    const auto ctx = static_cast<std::size_t>(in.context_lens[q]);
+    const auto len = static_cast<std::size_t>(in.query_lens[q]);
+    if (ctx % bs != 0) {
+      prepack::detail::fail("trtllm: request ", in.seq_id[q], ": a context chunk at position ", ctx,
+                            " does not start at a block boundary (blocks of ", bs, ")");
+    }
+    if (len % bs != 0 && ctx + len < static_cast<std::size_t>(in.prompt_lens[q])) {
+      prepack::detail::fail("trtllm: request ", in.seq_id[q], ": context chunk of ", len,
+                            " tokens is not a whole number of blocks of ", bs,
+                            " (only a prompt's last chunk may be)");
+    }
+  }
+  if (opt.max_blocks_per_seq > 0) {
+    require(opt.max_blocks_per_seq >= width, "trtllm: max_blocks_per_seq ", opt.max_blocks_per_seq,
+            " is below a request's ", width, " blocks");
+    width = opt.max_blocks_per_seq;
+  }
+  a.max_blocks_per_seq = std::max<std::size_t>(width, 1);
+  for (std::size_t q = 0; q < n; ++q) {
+    if (!in.decodes[q]) a.seq_order.push_back(q);
+  }
+  a.num_contexts = static_cast<std::int32_t>(a.seq_order.size());
+  for (std::size_t q = 0; q < n; ++q) {
+    if (in.decodes[q]) a.seq_order.push_back(q);
+  }
+  a.num_generations = static_cast<std::int32_t>(n) - a.num_contexts;
+  a.kv_cache_block_offsets.assign(prepack::detail::mul(prepack::detail::mul(n, 2, "block offsets"),
+                                                       a.max_blocks_per_seq, "block offsets"),
+                                  0);
+  const std::size_t per_block = prepack::detail::mul(opt.num_layers, 2, "block offsets");
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::size_t q = a.seq_order[r];
+    a.request_ids.push_back(in.seq_id[q]);
+    a.seq_lens.push_back(narrow<std::int32_t>(in.query_lens[q], "seq_lens"));
+    a.num_cached_tokens_per_seq.push_back(
+        narrow<std::int32_t>(in.context_lens[q], "cached tokens"));
+    a.kv_lens.push_back(narrow<std::int32_t>(in.seq_lens[q], "kv_lens"));
+    a.context_lengths.push_back(narrow<std::int32_t>(in.prompt_lens[q], "context_lengths"));
+    a.host_request_types.push_back(in.decodes[q] ? 1 : 0);
+    const auto row = in.tables.blocks(q);
+    for (std::size_t k = 0; k < row.size(); ++k) {
+      const std::size_t k_offset =
+          prepack::detail::mul(static_cast<std::size_t>(row[k]), per_block, "block offset");
+      a.kv_cache_block_offsets[(r * 2 + 0) * a.max_blocks_per_seq + k] =
+          narrow<std::int32_t>(k_offset, "block offset");
+      a.kv_cache_block_offsets[(r * 2 + 1) * a.max_blocks_per_seq + k] =
+          narrow<std::int32_t>(k_offset + 1, "block offset");
+    }
+    const auto t0 = static_cast<std::size_t>(in.cu_seqlens_q[q]);
+    const auto t1 = static_cast<std::size_t>(in.cu_seqlens_q[q + 1]);
+    for (std::size_t t = t0; t < t1; ++t) {
+      a.input_ids.push_back(narrow<std::int32_t>(in.tokens[t], "input id", "token"));
+      a.position_ids.push_back(narrow<std::int32_t>(in.positions[t], "position"));
+    }
+  }
+  return a;
+}
+
+}  // namespace trtllm
+PREPACK_NAMESPACE_END

@@ -1,0 +1,549 @@
+// Tests of prepack/engines/: every engine's form of random steps (chunked prefill of plain and
+// shared-prefix schedules, decode steps, steps that mix both) checked against that engine's own
+// definition of its inputs, written here from the engine's code and documentation, never from
+// prepack's:
+//  vLLM v1      query_start_loc, seq_lens = computed + scheduled, the block table zero-padded,
+//               the slot mapping of _compute_slot_mapping_kernel, logits_indices =
+//               query_start_loc[1:] - 1, discard_request_mask, _compute_cascade_attn_prefix_len
+//  FlashInfer   kv_len = page_size * (pages - 1) + last_page_len with last_page_len in
+//               [1, page_size] (kv_layout.rst), get_batch_indices_positions' example, the
+//               two-level cascade layout
+//  SGLang       ForwardBatch.init_new: positions = arange(prefix, prefix + extend),
+//               extend_start_loc = exclusive cumsum; req_to_token rows; out_cache_loc
+//  TensorRT-LLM context requests first, kv_lens = cached + new, host_request_types, setOffsets'
+//               flat_index3(block, 0, field, num_layers, 2), aligned chunks
+//  llama.cpp    llama_batch_allocr::init's rules replayed over a model of its KV cells by
+//               sequence id, llama_memory_seq_cp's [p0, p1) copies
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "prepack/engines.hpp"
+#include "prepack/paged.hpp"
+#include "prepack/prefix.hpp"
+#include "prepack/schedule.hpp"
+#include "prepack/step.hpp"
+
+namespace {
+
+// Blocks for each item of a schedule, drawn from a shuffled pool (row order and block order
+// differ, so a mix-up of a request's row with its index shows). Items of a prefix plan get the
+// plan's own tables.
+struct world {
+  prepack::step_schedule sched;
+  std::vector<std::vector<int>> item_tokens;
+  prepack::block_tables tables;
+  std::size_t n_blocks = 0;
+  std::size_t block_size = 0;
+};
+
+world plain_world(std::mt19937_64& rng, std::size_t n_prompts, std::size_t bs, std::size_t budget,
+                  bool aligned) {
+  world w;
+  w.block_size = bs;
+  std::vector<int> len;
+  for (std::size_t i = 0; i < n_prompts; ++i) len.push_back(1 + static_cast<int>(rng() % 70));
+  w.item_tokens = test::tagged_prompts(len, 1000);
+  w.sched = prepack::budgeted_schedule(
+      len, {budget, rng() % 2 ? prepack::chunking::fill : prepack::chunking::whole_first,
+            prepack::schedule_order::arrival, aligned ? bs : 0});
+  std::size_t need = 0;
+  for (int l : len) need += prepack::blocks_for(static_cast<std::size_t>(l), bs) + 1;
+  w.n_blocks = need + 5;
+  std::vector<std::int32_t> ids(w.n_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<std::vector<std::int32_t>> rows;
+  std::size_t next = 0;
+  for (int l : len) {
+    rows.emplace_back();
+    const std::size_t n = prepack::blocks_for(static_cast<std::size_t>(l), bs) + rng() % 2;
+    for (std::size_t k = 0; k < n; ++k) rows.back().push_back(ids[next++]);
+  }
+  w.tables = prepack::make_block_tables(rows, bs);
+  return w;
+}
+
+world prefix_world(std::mt19937_64& rng, std::size_t bs, std::size_t budget,
+                   std::vector<std::vector<int>>& prompts, prepack::prefix_plan& plan) {
+  world w;
+  w.block_size = bs;
+  std::vector<int> stem;
+  for (int k = 0; k < 40; ++k) stem.push_back(1 + static_cast<int>(rng() % 5));
+  prompts.clear();
+  const std::size_t n = 2 + rng() % 6;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::vector<int> p(stem.begin(), stem.begin() + static_cast<long>(8 + rng() % 32));
+    const std::size_t tail = rng() % 9;
+    for (std::size_t k = 0; k < tail; ++k) p.push_back(100 + static_cast<int>(rng() % 50));
+    prompts.push_back(std::move(p));
+  }
+  plan = prepack::make_prefix_plan(prompts, {bs, bs, 0});
+  w.sched = prepack::budgeted_schedule(
+      plan.items, {budget, prepack::chunking::fill, prepack::schedule_order::arrival, bs});
+  w.item_tokens = plan.item_tokens(prompts);
+  prepack::block_allocator alloc(2048);
+  w.tables = prepack::allocate_prefix_tables(plan, alloc, 0).items;
+  w.n_blocks = alloc.n_blocks();
+  return w;
+}
+
+// A step that mixes decodes (sequences with a cached context, feeding one token) and prefill
+// chunks, through step_builder as a serving loop builds it.
+prepack::step_inputs<> mixed_step(std::mt19937_64& rng, std::size_t bs,
+                                  std::vector<std::vector<std::int32_t>>& rows) {
+  rows.clear();
+  const std::size_t n = 1 + rng() % 6;
+  std::vector<std::int32_t> ids(200);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::size_t next = 0;
+  prepack::step_builder<> b(bs, 200, [](std::size_t q) { return "seq " + std::to_string(q); });
+  for (std::size_t q = 0; q < n; ++q) {
+    // A decode, a prompt's last chunk, or (a whole number of blocks) a chunk short of its end.
+    const bool decode = rng() % 2 == 0, last = rng() % 2 == 0;
+    const std::size_t context = decode ? 1 + rng() % 40 : (rng() % 3) * bs;
+    const std::size_t len = decode ? 1 : last ? 1 + rng() % 20 : bs * (1 + rng() % 3);
+    rows.emplace_back();
+    for (std::size_t k = 0; k < prepack::blocks_for(context + len, bs); ++k) {
+      rows.back().push_back(ids[next++]);
+    }
+    std::vector<int> toks(len, 7 + static_cast<int>(q));
+    const std::size_t prompt_len = decode || last ? context + len : context + len + bs;
+    b.add(q, static_cast<std::int64_t>(100 + q), context, prepack::span<const int>(toks),
+          prepack::span<const std::int32_t>(rows.back()), decode || context + len == prompt_len,
+          decode, prompt_len);
+  }
+  return std::move(b).finish();
+}
+
+// ---------- vLLM v1 ----------
+void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
+  const auto m = prepack::vllm::make_step(in, {0, in.n_tokens() + 3});
+  const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
+  ASSERT_EQ(m.num_reqs, static_cast<int>(n)) << where;
+  ASSERT_EQ(m.num_actual_tokens, static_cast<int>(in.n_tokens()));
+  // query_start_loc: prefix sums of num_scheduled_tokens.
+  std::vector<int> qsl{0};
+  for (std::size_t r = 0; r < n; ++r) qsl.push_back(qsl.back() + in.query_lens[r]);
+  ASSERT_EQ(m.query_start_loc, qsl) << where;
+  int max_q = 0, max_s = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const int computed = in.context_lens[r], scheduled = in.query_lens[r];
+    ASSERT_EQ(m.num_computed_tokens[r], computed);
+    ASSERT_EQ(m.seq_lens[r], computed + scheduled) << where;  // computed + newly scheduled
+    max_q = std::max(max_q, scheduled);
+    max_s = std::max(max_s, computed + scheduled);
+    // BlockTable rows: the request's blocks, then zeros.
+    const auto blocks = in.tables.blocks(r);
+    for (std::size_t k = 0; k < m.max_num_blocks_per_req; ++k) {
+      ASSERT_EQ(m.block_table_tensor[r * m.max_num_blocks_per_req + k],
+                k < blocks.size() ? blocks[k] : 0)
+          << where;
+    }
+    // _compute_slot_mapping_kernel: block_table[req, pos // bs] * bs + pos % bs.
+    for (int i = qsl[r]; i < qsl[r + 1]; ++i) {
+      const long long pos = m.positions[static_cast<std::size_t>(i)];
+      ASSERT_EQ(pos, computed + (i - qsl[r]));
+      const long long block =
+          m.block_table_tensor[r * m.max_num_blocks_per_req + static_cast<std::size_t>(pos) / bs];
+      ASSERT_EQ(m.slot_mapping[static_cast<std::size_t>(i)],
+                block * static_cast<long long>(bs) + pos % static_cast<long long>(bs));
+      ASSERT_EQ(m.input_ids[static_cast<std::size_t>(i)], in.tokens[static_cast<std::size_t>(i)]);
+    }
+    ASSERT_EQ(m.logits_indices[r], qsl[r + 1] - 1);  // query_start_loc[1:] - 1
+    // discard_request_mask: the prompt is not fully computed yet; a shared prefix that ends no
+    // prompt has nothing to sample either.
+    const bool short_of_prompt = computed + scheduled < in.prompt_lens[r];
+    ASSERT_EQ(m.discard_request_mask[r] != 0, short_of_prompt || !in.completes[r]) << where;
+  }
+  ASSERT_EQ(m.max_query_len, max_q);
+  ASSERT_EQ(m.max_seq_len, max_s);
+  for (std::size_t i = in.n_tokens(); i < m.slot_mapping.size(); ++i) {
+    ASSERT_EQ(m.slot_mapping[i], -1);  // PAD_SLOT_ID
+  }
+  // _compute_cascade_attn_prefix_len before its heuristics.
+  std::size_t shared = n > 0 ? in.tables.blocks(0).size() : 0;
+  int min_computed = n > 0 ? in.context_lens[0] : 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto a = in.tables.blocks(0), b = in.tables.blocks(r);
+    std::size_t k = 0;
+    while (k < shared && k < b.size() && a[k] == b[k]) ++k;
+    shared = k;
+    min_computed = std::min(min_computed, in.context_lens[r]);
+  }
+  long long prefix = static_cast<long long>(shared * bs);
+  prefix = std::min<long long>(prefix, min_computed);
+  prefix = prefix / static_cast<long long>(bs) * static_cast<long long>(bs);
+  ASSERT_EQ(m.common_prefix_len, prefix) << where;
+}
+
+// ---------- FlashInfer ----------
+void expect_flashinfer(const prepack::step_inputs<>& in, const std::string& where) {
+  const auto p = prepack::flashinfer::make_step(in);
+  const std::size_t n = in.n_seqs();
+  const int ps = p.page_size;
+  ASSERT_EQ(ps, static_cast<int>(in.tables.block_size));
+  ASSERT_EQ(p.attention.qo_indptr.size(), n + 1);
+  ASSERT_EQ(p.attention.paged_kv_indptr.size(), n + 1);
+  ASSERT_EQ(p.attention.paged_kv_indptr.back(),
+            static_cast<int>(p.attention.paged_kv_indices.size()));
+  for (std::size_t r = 0; r < n; ++r) {
+    ASSERT_EQ(p.attention.qo_indptr[r + 1] - p.attention.qo_indptr[r], in.query_lens[r]);
+    const int pages = p.attention.paged_kv_indptr[r + 1] - p.attention.paged_kv_indptr[r];
+    const int last = p.attention.paged_kv_last_page_len[r];
+    ASSERT_GE(last, 1) << where;
+    ASSERT_LE(last, ps) << where;
+    // The KV sequence length of request i is page_size * (len(page_indices[i]) - 1) +
+    // last_page_length[i]: its cached context and the new tokens.
+    ASSERT_EQ(ps * (pages - 1) + last, in.context_lens[r] + in.query_lens[r]) << where;
+    const auto blocks = in.tables.blocks(r);
+    for (int k = 0; k < pages; ++k) {
+      ASSERT_EQ(p.attention
+                    .paged_kv_indices[static_cast<std::size_t>(p.attention.paged_kv_indptr[r] + k)],
+                blocks[static_cast<std::size_t>(k)]);
+    }
+  }
+  // get_batch_indices_positions(append_indptr, seq_lens, nnz): batch b's entries get b, and
+  // positions seq_lens[b] - append_len + i (the docs' example: [4, 3, 4, 2, 3, 4, ...]).
+  std::vector<int> bi, pos;
+  for (std::size_t b = 0; b < n; ++b) {
+    const int append = p.attention.qo_indptr[b + 1] - p.attention.qo_indptr[b];
+    const int seq_len = in.seq_lens[b];
+    for (int i = 0; i < append; ++i) {
+      bi.push_back(static_cast<int>(b));
+      pos.push_back(seq_len - append + i);
+    }
+  }
+  ASSERT_EQ(p.batch_indices, bi) << where;
+  ASSERT_EQ(p.positions, pos) << where;
+  if (p.cascade) {
+    const auto& c = *p.cascade;
+    ASSERT_EQ(c.shared.qo_indptr, (std::vector<int>{0, p.attention.qo_indptr.back()}));
+    ASSERT_EQ(c.unique.qo_indptr, p.attention.qo_indptr);
+    ASSERT_EQ(c.shared.paged_kv_last_page_len, (std::vector<int>{ps}));  // whole pages
+    for (std::size_t r = 0; r < n; ++r) {
+      // The shared pages lead every request's pages and hold only its cached context (level 0
+      // has no causal mask); its own pages follow.
+      ASSERT_LE(c.shared_pages * ps, in.context_lens[r]) << where;
+      std::vector<int> joined(c.shared.paged_kv_indices);
+      joined.insert(joined.end(), c.unique.paged_kv_indices.begin() + c.unique.paged_kv_indptr[r],
+                    c.unique.paged_kv_indices.begin() + c.unique.paged_kv_indptr[r + 1]);
+      const std::vector<int> full(
+          p.attention.paged_kv_indices.begin() + p.attention.paged_kv_indptr[r],
+          p.attention.paged_kv_indices.begin() + p.attention.paged_kv_indptr[r + 1]);
+      ASSERT_EQ(joined, full) << where;
+    }
+  }
+}
+
+// ---------- SGLang ----------
+void expect_sglang(const prepack::step_inputs<>& in, const std::string& where) {
+  std::vector<std::int64_t> pool_rows;
+  for (std::size_t r = 0; r < in.n_seqs(); ++r)
+    pool_rows.push_back(static_cast<std::int64_t>(3 * r + 1));
+  const auto f =
+      prepack::sglang::make_forward_batch(in, prepack::span<const std::int64_t>(pool_rows));
+  const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
+  ASSERT_EQ(f.req_pool_indices, pool_rows);
+  std::vector<std::int32_t> start{0};
+  std::vector<std::int64_t> positions;
+  for (std::size_t r = 0; r < n; ++r) {
+    const int prefix = f.extend_prefix_lens[r], extend = f.extend_seq_lens[r];
+    ASSERT_EQ(prefix, in.context_lens[r]);
+    ASSERT_EQ(extend, in.query_lens[r]);
+    ASSERT_EQ(f.seq_lens[r], prefix + extend);
+    if (r + 1 < n) start.push_back(start.back() + extend);  // zeros_like; [1:] = cumsum([:-1])
+    for (int p = prefix; p < prefix + extend; ++p) positions.push_back(p);  // arange
+    // req_to_token[row][p]: the location of position p (token granular; page*size + offset).
+    const auto blocks = in.tables.blocks(r);
+    for (int p = 0; p < prefix + extend; ++p) {
+      const std::size_t pp = static_cast<std::size_t>(p);
+      ASSERT_EQ(f.req_to_token[r * f.req_to_token_width + pp],
+                blocks[pp / bs] * static_cast<int>(bs) + static_cast<int>(pp % bs))
+          << where;
+    }
+  }
+  ASSERT_EQ(f.extend_start_loc, start) << where;
+  ASSERT_EQ(f.positions, positions) << where;
+  // out_cache_loc: what the step writes into req_to_token[req, prefix : seq_len].
+  std::size_t t = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    for (int i = 0; i < f.extend_seq_lens[r]; ++i, ++t) {
+      ASSERT_EQ(
+          f.out_cache_loc[t],
+          f.req_to_token[r * f.req_to_token_width + static_cast<std::size_t>(f.positions[t])]);
+    }
+  }
+  bool any_decode = false, any_extend = false;
+  for (std::size_t r = 0; r < n; ++r) (in.decodes[r] ? any_decode : any_extend) = true;
+  ASSERT_EQ(f.mode, any_decode && any_extend ? prepack::sglang::forward_mode::mixed
+                    : any_decode             ? prepack::sglang::forward_mode::decode
+                                             : prepack::sglang::forward_mode::extend);
+}
+
+// ---------- TensorRT-LLM ----------
+void expect_trtllm(const prepack::step_inputs<>& in, const std::string& where) {
+  const std::size_t layers = 3;
+  const auto a = prepack::trtllm::make_step(in, {layers, 0});
+  const std::size_t n = in.n_seqs();
+  // Context requests first, each group in step order.
+  std::vector<std::size_t> order;
+  for (std::size_t q = 0; q < n; ++q)
+    if (!in.decodes[q]) order.push_back(q);
+  const auto contexts = static_cast<int>(order.size());
+  for (std::size_t q = 0; q < n; ++q)
+    if (in.decodes[q]) order.push_back(q);
+  ASSERT_EQ(a.seq_order, order) << where;
+  ASSERT_EQ(a.num_contexts, contexts);
+  std::vector<int> ids;
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::size_t q = order[r];
+    ASSERT_EQ(a.host_request_types[r], static_cast<int>(r) < contexts ? 0 : 1);
+    ASSERT_EQ(a.kv_lens[r], a.num_cached_tokens_per_seq[r] + a.seq_lens[r]);
+    ASSERT_EQ(a.seq_lens[r], in.query_lens[q]);
+    ASSERT_EQ(a.context_lengths[r], in.prompt_lens[q]);
+    const auto blocks = in.tables.blocks(q);
+    for (std::size_t k = 0; k < a.max_blocks_per_seq; ++k) {
+      for (int field = 0; field < 2; ++field) {
+        // flat_index3(block, layerIdx = 0, fieldIdx, numLayers, kvFactor = 2)
+        const int want =
+            k < blocks.size() ? (blocks[k] * static_cast<int>(layers) + 0) * 2 + field : 0;
+        ASSERT_EQ(a.kv_cache_block_offsets[(r * 2 + static_cast<std::size_t>(field)) *
+                                               a.max_blocks_per_seq +
+                                           k],
+                  want)
+            << where;
+      }
+    }
+    for (int t = in.cu_seqlens_q[q]; t < in.cu_seqlens_q[q + 1]; ++t) {
+      ids.push_back(in.tokens[static_cast<std::size_t>(t)]);
+    }
+  }
+  ASSERT_EQ(a.input_ids, ids) << where;
+}
+
+TEST(Engines, EveryFormMatchesItsEnginesDefinitionOnRandomSteps) {
+  std::mt19937_64 rng(77);
+  int steps = 0, cascades = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    const std::size_t bs = 1 + rng() % 8, budget = bs + rng() % 60;
+    const world w = plain_world(rng, 1 + rng() % 8, bs, budget, true);
+    for (std::size_t s = 0; s < w.sched.n_steps(); ++s, ++steps) {
+      const auto in = prepack::make_step_inputs(w.sched, s, w.item_tokens, w.tables, w.n_blocks);
+      const std::string where =
+          "plain trial " + std::to_string(trial) + " step " + std::to_string(s);
+      expect_vllm(in, where);
+      expect_flashinfer(in, where);
+      expect_sglang(in, where);
+      expect_trtllm(in, where);
+    }
+    std::vector<std::vector<int>> prompts;
+    prepack::prefix_plan plan;
+    const world pw = prefix_world(rng, bs, budget, prompts, plan);
+    for (std::size_t s = 0; s < pw.sched.n_steps(); ++s, ++steps) {
+      const auto in =
+          prepack::make_step_inputs(pw.sched, s, pw.item_tokens, pw.tables, pw.n_blocks);
+      const std::string where =
+          "prefix trial " + std::to_string(trial) + " step " + std::to_string(s);
+      expect_vllm(in, where);
+      expect_flashinfer(in, where);
+      expect_sglang(in, where);
+      expect_trtllm(in, where);
+      cascades += prepack::flashinfer::make_step(in).cascade.has_value() ? 1 : 0;
+    }
+    std::vector<std::vector<std::int32_t>> rows;
+    const auto mixed = mixed_step(rng, bs, rows);
+    const std::string where = "mixed trial " + std::to_string(trial);
+    expect_vllm(mixed, where);
+    expect_flashinfer(mixed, where);
+    expect_sglang(mixed, where);
+    expect_trtllm(mixed, where);
+  }
+  EXPECT_GT(steps, 500);
+  EXPECT_GT(cascades, 10);  // suffix steps of shared prefixes give cascade levels
+}
+
+TEST(Engines, DecodeStepsInEveryForm) {
+  const std::size_t bs = 4;
+  std::vector<std::vector<std::int32_t>> rows{{5, 9}, {2}, {7, 1, 3}};
+  std::vector<prepack::decode_sequence<int>> seqs;
+  const std::size_t ctx[] = {6, 3, 9};
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    seqs.push_back({static_cast<std::int64_t>(i + 10), 42 + static_cast<int>(i), ctx[i],
+                    prepack::span<const std::int32_t>(rows[i]), ctx[i]});
+  }
+  const auto in = prepack::make_decode_inputs(seqs, bs, 16);
+  expect_vllm(in, "decode");
+  expect_flashinfer(in, "decode");
+  expect_sglang(in, "decode");
+  expect_trtllm(in, "decode");
+  const auto f = prepack::sglang::make_forward_batch(in);
+  EXPECT_EQ(f.mode, prepack::sglang::forward_mode::decode);
+  for (std::size_t r = 0; r < 3; ++r) EXPECT_EQ(f.positions[r], f.seq_lens[r] - 1);  // decode
+  const auto t = prepack::trtllm::make_step(in);
+  EXPECT_EQ(t.num_contexts, 0);
+  EXPECT_EQ(t.num_generations, 3);
+  // A decode whose table lacks the block of its new position is refused, named.
+  std::vector<std::int32_t> short_row{5};
+  seqs[0].blocks = prepack::span<const std::int32_t>(short_row);
+  EXPECT_PREPACK_ERROR(prepack::make_decode_inputs(seqs, bs, 16),
+                       "sequence 10: positions up to 7 need 2 blocks of 4");
+}
+
+TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
+  std::mt19937_64 rng(3);
+  // TensorRT-LLM: a context chunk short of its prompt's end that is not whole blocks.
+  const auto sched = prepack::budgeted_schedule(std::vector<int>{10}, {7, prepack::chunking::fill});
+  const auto toks = test::tagged_prompts({10}, 100);
+  const auto tables = prepack::make_block_tables({{0, 1, 2}}, 4);
+  const auto first = prepack::make_step_inputs(sched, 0, toks, tables, 4);
+  EXPECT_PREPACK_ERROR(prepack::trtllm::make_step(first),
+                       "request 0: context chunk of 7 tokens is not a whole number of blocks of 4");
+  const auto second = prepack::make_step_inputs(sched, 1, toks, tables, 4);
+  EXPECT_PREPACK_ERROR(
+      prepack::trtllm::make_step(second),
+      "request 0: a context chunk at position 7 does not start at a block boundary");
+  const auto aligned = prepack::budgeted_schedule(
+      std::vector<int>{10}, {7, prepack::chunking::fill, prepack::schedule_order::arrival, 4});
+  for (std::size_t s = 0; s < aligned.n_steps(); ++s) {
+    EXPECT_NO_THROW(
+        prepack::trtllm::make_step(prepack::make_step_inputs(aligned, s, toks, tables, 4)));
+  }
+  // Widths below what a step needs.
+  EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {1, 0}), "max_num_blocks_per_req 1");
+  EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {0, 2}), "num_tokens_padded 2");
+  EXPECT_PREPACK_ERROR(prepack::sglang::make_forward_batch(first, {}, 3), "req_to_token width 3");
+  const std::vector<std::int64_t> rows_of_two{0, 1};
+  EXPECT_PREPACK_ERROR(
+      prepack::sglang::make_forward_batch(first, prepack::span<const std::int64_t>(rows_of_two)),
+      "2 req_pool_indices for 1 requests");
+}
+
+// ---------- llama.cpp ----------
+// A model of llama.cpp's KV cells by sequence id, with the checks llama_batch_allocr::init makes
+// on every batch: ids in [0, n_seq_max), tokens below the vocabulary, each sequence's positions
+// continuous, non-decreasing and starting right after what the cache holds for it.
+struct llama_memory {
+  std::map<int, std::set<int>> cells;  // seq id -> positions held
+
+  void decode(const prepack::llama_cpp::batch& b, int n_vocab, int n_seq_max,
+              const std::string& where) {
+    std::map<int, std::vector<int>> by_seq;
+    for (std::size_t i = 0; i < b.token.size(); ++i) {
+      ASSERT_EQ(b.n_seq_id[i], 1);
+      ASSERT_GE(b.token[i], 0);
+      ASSERT_LT(b.token[i], n_vocab);
+      ASSERT_GE(b.seq_id[i], 0) << where;
+      ASSERT_LT(b.seq_id[i], n_seq_max) << where;
+      auto& v = by_seq[b.seq_id[i]];
+      if (!v.empty()) {
+        ASSERT_GE(b.pos[i], v.back()) << where << ": positions decreasing";
+      }
+      v.push_back(b.pos[i]);
+    }
+    for (const auto& [s, v] : by_seq) {
+      const auto& held = cells[s];
+      const int p0 = held.empty() ? -1 : *held.rbegin();  // seq_pos_max
+      if (p0 >= 0) {
+        ASSERT_EQ(v.front(), p0 + 1) << where << ": sequence " << s;
+      }
+      ASSERT_EQ(v.back() - v.front() + 1, static_cast<int>(v.size()))
+          << where << ": not continuous";
+    }
+    for (const auto& [s, v] : by_seq) cells[s].insert(v.begin(), v.end());
+  }
+  void seq_cp(const prepack::llama_cpp::seq_copy& c) {
+    const std::set<int> src = cells[c.src];
+    for (int p : src) {
+      if (p >= c.p0 && p < c.p1) cells[c.dst].insert(p);
+    }
+  }
+};
+
+TEST(Engines, LlamaCppBatchesFollowItsRulesAndSharePrefixesByCopies) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t bs = 1 + rng() % 6;
+    std::vector<std::vector<int>> prompts;
+    prepack::prefix_plan plan;
+    const world w = prefix_world(rng, bs, bs + rng() % 40, prompts, plan);
+    std::vector<std::int64_t> ids;
+    for (std::size_t i = 0; i < prompts.size(); ++i)
+      ids.push_back(static_cast<std::int64_t>(2 * i + 1));
+    const auto steps = prepack::llama_cpp::make_prefix_steps(
+        plan, w.sched, prompts, prepack::span<const std::int64_t>(ids), 16);
+    llama_memory mem;
+    std::vector<std::size_t> outputs;
+    for (std::size_t s = 0; s < steps.size(); ++s) {
+      mem.decode(steps[s].batch, 1000, 16,
+                 "trial " + std::to_string(trial) + " step " + std::to_string(s));
+      for (const auto& c : steps[s].copies_after) mem.seq_cp(c);
+      outputs.insert(outputs.end(), steps[s].batch.output_item.begin(),
+                     steps[s].batch.output_item.end());
+      // As many logits flags as output rows, each on an item that ends a prompt.
+      const auto& bt = steps[s].batch;
+      ASSERT_EQ(static_cast<std::size_t>(std::count(bt.logits.begin(), bt.logits.end(), 1)),
+                bt.output_item.size());
+      for (std::size_t item : bt.output_item) ASSERT_TRUE(plan.items[item].ends_prompt);
+    }
+    // Every prompt's sequence holds exactly positions [0, its length), and every prompt's last
+    // item gives one output row.
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const auto& held = mem.cells[static_cast<int>(ids[i])];
+      ASSERT_EQ(held.size(), prompts[i].size()) << "trial " << trial << " prompt " << i;
+      ASSERT_EQ(*held.rbegin(), static_cast<int>(prompts[i].size()) - 1);
+      ASSERT_NE(std::find(outputs.begin(), outputs.end(), plan.prompt_last_item[i]), outputs.end());
+    }
+    std::set<std::size_t> unique(outputs.begin(), outputs.end());
+    ASSERT_EQ(unique.size(), outputs.size());  // one row per item that ends a prompt
+  }
+  // Ids outside n_seq_max are refused, naming the item.
+  const auto sched = prepack::budgeted_schedule(std::vector<int>{3, 2}, {8});
+  const auto toks = test::tagged_prompts({3, 2}, 100);
+  const std::vector<std::int64_t> bad{0, 16};
+  EXPECT_PREPACK_ERROR(
+      prepack::llama_cpp::make_batch(sched, 0, toks, prepack::span<const std::int64_t>(bad), 16),
+      "prompt 1: seq_id 16 outside llama.cpp's 0..15");
+  // The batch fills a llama_batch-shaped struct.
+  struct fake_batch {
+    int n_tokens = 0;
+    std::vector<int> token_v, pos_v, n_seq_id_v;
+    std::vector<std::vector<int>> seq;
+    std::vector<std::int8_t> logits_v;
+    int* token;
+    int* pos;
+    int* n_seq_id;
+    std::vector<int*> seq_ptrs;
+    int** seq_id;
+    std::int8_t* logits;
+    explicit fake_batch(int n)
+        : token_v(n), pos_v(n), n_seq_id_v(n), seq(n, std::vector<int>(1)), logits_v(n) {
+      token = token_v.data();
+      pos = pos_v.data();
+      n_seq_id = n_seq_id_v.data();
+      for (auto& s : seq) seq_ptrs.push_back(s.data());
+      seq_id = seq_ptrs.data();
+      logits = logits_v.data();
+    }
+  };
+  const std::vector<std::int64_t> good{4, 5};
+  const auto b =
+      prepack::llama_cpp::make_batch(sched, 0, toks, prepack::span<const std::int64_t>(good));
+  fake_batch fb(8);
+  b.fill(fb);
+  EXPECT_EQ(fb.n_tokens, 5);
+  EXPECT_EQ(fb.seq[4][0], 5);
+  EXPECT_EQ(fb.logits_v[2], 1);
+  EXPECT_EQ(fb.logits_v[4], 1);
+  EXPECT_EQ(fb.pos_v[3], 0);
+}
+
+}  // namespace
