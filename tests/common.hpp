@@ -11,7 +11,7 @@
 
 #include "prepack/error.hpp"
 
-// Whether this test binary runs under AddressSanitizer (which aborts where new would throw).
+// Whether this test binary runs under AddressSanitizer.
 #if defined(__SANITIZE_ADDRESS__)
 #define PREPACK_TEST_UNDER_ASAN 1
 #elif defined(__has_feature)
@@ -22,6 +22,21 @@
 #ifndef PREPACK_TEST_UNDER_ASAN
 #define PREPACK_TEST_UNDER_ASAN 0
 #endif
+
+// Whether a failed allocation throws std::bad_alloc here: AddressSanitizer's and
+// ThreadSanitizer's operator new report out-of-memory and abort instead (whatever
+// allocator_may_return_null says), so tests of allocation failure run in the other builds.
+#if defined(__SANITIZE_THREAD__)
+#define PREPACK_TEST_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PREPACK_TEST_UNDER_TSAN 1
+#endif
+#endif
+#ifndef PREPACK_TEST_UNDER_TSAN
+#define PREPACK_TEST_UNDER_TSAN 0
+#endif
+#define PREPACK_TEST_NEW_THROWS (!PREPACK_TEST_UNDER_ASAN && !PREPACK_TEST_UNDER_TSAN)
 
 // Asserts that stmt throws prepack::error whose message contains `needle`.
 #define EXPECT_PREPACK_ERROR(stmt, needle)                                          \

@@ -307,6 +307,34 @@ TEST_F(gguf_fixture, TensorErrorsNameTheFileAndTensor) {
                        "arch.gguf: architecture xlama is not supported");
 }
 
+// Files that vanish between inspecting a checkpoint and loading it, or a shard that its index
+// lists and that is gone: prepack::error naming the file and why, never a std::filesystem or
+// system exception.
+TEST(CheckpointErrors, FilesThatVanishAreNamed) {
+  const ref::config c = block_config(false, false);
+  const ref::weights w = ref::random_weights(c, 4);
+  const std::string dir = temp_dir("vanish");
+  const std::string gguf = dir + "/gone.gguf";
+  test::write_file(gguf, test::gguf_bytes(c, w, {"llama", test::dtype::f32, "t", false}));
+  EXPECT_EQ(prepack::checkpoint::inspect(gguf).cfg.hidden, c.hidden);
+  fs::remove(gguf);
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(gguf),
+                       gguf + ": cannot open (No such file or directory)");
+  const std::string hf = dir + "/hf";
+  fs::create_directories(hf);
+  test::write_hf_dir(hf, c, w, test::dtype::f32, 3);
+  EXPECT_EQ(prepack::checkpoint::inspect(hf).cfg.hidden, c.hidden);
+  fs::remove(hf + "/model-00002-of-00003.safetensors");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(hf),
+                       "model-00002-of-00003.safetensors: cannot open (No such file or directory)");
+  fs::remove(hf + "/config.json");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::inspect(hf), "config.json");
+  // A directory where a file should be.
+  fs::create_directories(hf + "/config.json");
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::inspect(hf), "config.json");
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointErrors, SafetensorsErrorsNameTheFileAndItem) {
   const ref::config c = block_config(false, false);
   const ref::weights w = ref::random_weights(c, 3);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <random>
 #include <set>
@@ -364,6 +365,41 @@ TEST(ChunkedErrors, RefusedBeforeAnythingIsWritten) {
   EXPECT_EQ(snapshot(), after0);
   // The right step still runs.
   EXPECT_NO_THROW(m.forward(in1, cache.pool));
+}
+
+// Allocations that cannot succeed stay std::bad_alloc and leave everything usable: a pool larger
+// than any process can map, and a dense-mask prefill whose mask needs 2^48 bytes; after them
+// the same model computes what it did before. (Under AddressSanitizer and ThreadSanitizer, whose
+// operator new aborts on failure, only the rest runs.) A size that overflows is the
+// caller's: prepack::error.
+TEST(ChunkedErrors, AllocationsThatCannotSucceedLeaveEverythingUsable) {
+  ref::config c;
+  c.n_layers = 1;
+  c.hidden = 32;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn = 48;
+  c.vocab = 64;
+  if (PREPACK_TEST_NEW_THROWS) {
+    EXPECT_THROW(ref::kv_pool(c, std::size_t{1} << 40, 16), std::bad_alloc);
+  }
+  EXPECT_PREPACK_ERROR(ref::kv_pool(c, std::size_t{1} << 62, 16), "kv pool");
+  const ref::model m(c, 4);
+  const std::vector<int> len{9, 5, 3};
+  const auto prompts = test::tagged_prompts(len, 64);
+  const auto l = prepack::make_layout(prepack::first_fit_decreasing(len), prompts);
+  const auto before = m.prefill(l);
+  // One row of 2^23 tokens, attended densely: its additive mask is 2^46 floats, more than an
+  // x86-64 process can map (whatever the kernel's overcommit policy).
+  if (PREPACK_TEST_NEW_THROWS) {
+    const std::vector<int> big(std::size_t{1} << 23, 1);
+    const auto huge = prepack::make_layout(prepack::first_fit_decreasing({1 << 23}), big);
+    EXPECT_THROW(m.prefill(huge, {ref::attention::dense}), std::bad_alloc);
+  }
+  const auto after = m.prefill(l);
+  EXPECT_EQ(ref::max_abs_diff(ref::unpack_caches(m, l, after), ref::unpack_caches(m, l, before)),
+            0.0);
+  EXPECT_EQ((after.logits - before.logits).cwiseAbs().maxCoeff(), 0.0f);
 }
 
 }  // namespace

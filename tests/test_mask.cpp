@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -51,13 +52,14 @@ TEST(Mask, DenseMasksMatchTheDefinition) {
 }
 
 TEST(MaskErrors, SizesThatCannotBeAllocatedOrMismatch) {
-#if !PREPACK_TEST_UNDER_ASAN  // AddressSanitizer aborts on a failed new instead of throwing
-  // One row of 2^21 slots: its layout is 24 MiB, its dense mask 2^42 bytes.
-  const auto big = prepack::make_layout(prepack::first_fit_decreasing({1 << 21}),
-                                        std::vector<int>(std::size_t{1} << 21, 1));
-  EXPECT_EQ(prepack::dense_mask_size(big), std::size_t{1} << 42);
-  EXPECT_PREPACK_ERROR(prepack::dense_mask(big), "dense mask");
-#endif
+  // One row of 2^22 slots: its layout is 48 MiB, its additive mask of doubles 2^47 bytes, more
+  // than any x86-64 process can map: std::bad_alloc, as any allocation that cannot succeed.
+  const auto big = prepack::make_layout(prepack::first_fit_decreasing({1 << 22}),
+                                        std::vector<int>(std::size_t{1} << 22, 1));
+  EXPECT_EQ(prepack::dense_mask_size(big), std::size_t{1} << 44);
+  if (PREPACK_TEST_NEW_THROWS) {
+    EXPECT_THROW(prepack::additive_mask<double>(big), std::bad_alloc);
+  }
   const auto l = prepack::make_layout(prepack::first_fit_decreasing(std::vector<int>{2, 1}),
                                       std::vector<int>{1, 2, 3});
   std::vector<float> small(3, 5.0f);

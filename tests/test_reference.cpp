@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -200,6 +201,41 @@ TEST(Reference, Bf16WeightsAgreeWithAloneWithinTheirBound) {
     EXPECT_LE(worst_kv, 1e-2) << ref::backend_name(be);
     EXPECT_LE(worst_f32, 2e-2) << ref::backend_name(be);
     EXPECT_GT(worst_f32, 1e-5) << "bf16 weights computed exactly the fp32 model?";
+  }
+}
+
+// The two bf16 paths (oneDNN's bf16 matmul where this CPU runs it; fp32 GEMMs over bf16-rounded
+// values elsewhere, and always on Eigen) compute the same model: products of bf16 values
+// accumulated in fp32. With ONEDNN_MAX_CPU_ISA capping oneDNN below AVX512_CORE_BF16 (CI's
+// AVX2-only run, and the test "test_reference_bf16_avx2"), oneDNN must not be asked for bf16 and
+// the emulated path must run instead.
+TEST(Reference, Bf16PathsAgreeAndFollowTheCpu) {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const std::string isa = cap != nullptr ? cap : "";
+  const bool capped_below_bf16 = !isa.empty() && isa.find("BF16") == std::string::npos &&
+                                 isa.find("AMX") == std::string::npos && isa != "ALL" &&
+                                 isa != "DEFAULT";
+  EXPECT_FALSE(ref::bf16_path(ref::gemm_backend::eigen).native);
+  EXPECT_EQ(ref::bf16_path(ref::gemm_backend::eigen).describe(), "emulated on eigen");
+  if (capped_below_bf16) {
+    for (ref::gemm_backend be : backends()) {
+      EXPECT_FALSE(ref::bf16_path(be).native)
+          << ref::backend_name(be) << " with ONEDNN_MAX_CPU_ISA=" << isa << ": "
+          << ref::bf16_path(be).describe();
+    }
+  }
+  std::mt19937_64 rng(21);
+  const ref::config c = random_config(rng);
+  const ref::model m(c, rng(), {ref::weight_type::bf16});
+  const auto prompts = random_prompts(rng, test::heavy_tailed_lengths(rng, 12, 90), c.vocab);
+  const auto l = prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts);
+  const auto e = m.prefill(l, {ref::attention::segment, 0, ref::gemm_backend::eigen});
+  for (ref::gemm_backend be : backends()) {
+    const auto r = m.prefill(l, {ref::attention::segment, 0, be});
+    const double s = std::max(1.0, static_cast<double>(e.logits.cwiseAbs().maxCoeff()));
+    EXPECT_LE((r.logits - e.logits).cwiseAbs().maxCoeff() / s, 5e-3)
+        << ref::bf16_path(be).describe() << " against "
+        << ref::bf16_path(ref::gemm_backend::eigen).describe();
   }
 }
 

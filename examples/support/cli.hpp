@@ -46,6 +46,10 @@ class args {
         if (!has_value) {
           if (i + 1 >= argc) throw usage_error(a + " needs a value");
           value = argv[++i];
+          // "--capacity --batch 3": the value forgotten, not a value that looks like a flag.
+          if (value.rfind("--", 0) == 0) {
+            throw usage_error(a + " needs a value (before '" + value + "')");
+          }
         }
         values_[a] = value;
       } else {

@@ -64,18 +64,18 @@ namespace detail {
 template <class T, class Token, class Index>
 std::vector<T> allocate_mask(const packed_layout<Token, Index>& l) {
   const std::size_t size = dense_mask_size(l);
+  // A mask larger than memory stays std::bad_alloc (nothing is written); one larger than any
+  // vector can hold is the caller's layout: prepack::error.
   try {
     return std::vector<T>(size);
-  } catch (const std::bad_alloc&) {
-    fail("dense mask: ", size, " elements (", l.n_rows(), " x ", l.width(), " x ", l.width(),
-         ") cannot be allocated");
   } catch (const std::length_error&) {
     fail("dense mask: ", size, " elements exceed the largest vector");
   }
 }
 }  // namespace detail
 
-/// The dense mask as bytes: 1 = attend, 0 = masked. [n_rows][width][width].
+/// The dense mask as bytes: 1 = attend, 0 = masked. [n_rows][width][width]. Throws
+/// std::bad_alloc when it does not fit in memory, prepack::error when its size overflows.
 template <class Token, class Index>
 std::vector<std::uint8_t> dense_mask(const packed_layout<Token, Index>& l) {
   std::vector<std::uint8_t> m = detail::allocate_mask<std::uint8_t>(l);
@@ -84,7 +84,7 @@ std::vector<std::uint8_t> dense_mask(const packed_layout<Token, Index>& l) {
 }
 
 /// The dense mask as an additive bias, as Hugging Face's 4D masks are: 0 = attend,
-/// -infinity = masked. [n_rows][width][width].
+/// -infinity = masked. [n_rows][width][width]. Throws as dense_mask does.
 template <class F = float, class Token, class Index>
 std::vector<F> additive_mask(const packed_layout<Token, Index>& l) {
   std::vector<F> m = detail::allocate_mask<F>(l);

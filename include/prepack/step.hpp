@@ -252,11 +252,11 @@ step_inputs<Token, Index> make_step_inputs(const step_schedule& sched, std::size
 /// before it cached), over its blocks.
 template <class T = std::int32_t>
 struct decode_sequence {
-  std::int64_t id = 0;                // the caller's id (a request id, a llama_seq_id)
-  T token{};                          // the token it generated last
-  std::size_t context = 0;            // positions cached: the token's position
-  span<const std::int32_t> blocks;    // its block table row, covering context + 1 positions
-  std::size_t prompt_len = 0;         // its prompt's length (TensorRT-LLM's context length)
+  std::int64_t id = 0;              // the caller's id (a request id, a llama_seq_id)
+  T token{};                        // the token it generated last
+  std::size_t context = 0;          // positions cached: the token's position
+  span<const std::int32_t> blocks;  // its block table row, covering context + 1 positions
+  std::size_t prompt_len = 0;       // its prompt's length (TensorRT-LLM's context length)
 };
 
 /// A decode step: every sequence one token, its logits wanted. Throws prepack::error as

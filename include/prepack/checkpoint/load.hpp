@@ -19,13 +19,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <sstream>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -313,11 +313,13 @@ inline tensor_source safetensors_tensors(const std::shared_ptr<safetensors_sourc
   return s;
 }
 
+// A JSON file, read through the same checks as a weight file (a regular file; the reason it
+// cannot be opened named).
 inline nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  prepack::detail::require(static_cast<bool>(in), path, ": cannot open");
+  const mapped_file f(path);
+  const auto b = f.bytes();
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(b.begin(), b.end());
   } catch (const nlohmann::json::exception& e) {
     prepack::detail::fail(path, ": not JSON (", e.what(), ")");
   }
@@ -374,8 +376,8 @@ inline info inspect_safetensors(const std::string& dir, safetensors_source& src)
   c.validate();
   // The weight files: one, or the shards an index lists.
   std::vector<std::string> files;
-  std::ifstream single(dir + "/model.safetensors");
-  if (single) {
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/model.safetensors", ec)) {
     files.push_back(dir + "/model.safetensors");
   } else {
     const std::string idx = dir + "/model.safetensors.index.json";

@@ -4,8 +4,10 @@
 // Cost: O(1) to map; pages are read as they are touched.
 #pragma once
 
+#include <cerrno>
 #include <cstddef>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include <fcntl.h>
@@ -26,7 +28,8 @@ class mapped_file {
   /// regular file, or cannot be mapped.
   explicit mapped_file(std::string path) : path_(std::move(path)) {
     const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    prepack::detail::require(fd >= 0, path_, ": cannot open");
+    if (fd < 0)
+      prepack::detail::fail(path_, ": cannot open (", std::generic_category().message(errno), ")");
     struct stat st {};
     if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
       ::close(fd);
@@ -35,8 +38,12 @@ class mapped_file {
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ > 0) {
       void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int map_error = errno;
       ::close(fd);
-      prepack::detail::require(p != MAP_FAILED, path_, ": cannot map ", size_, " bytes");
+      if (p == MAP_FAILED) {
+        prepack::detail::fail(path_, ": cannot map ", size_, " bytes (",
+                              std::generic_category().message(map_error), ")");
+      }
       data_ = static_cast<const unsigned char*>(p);
     } else {
       ::close(fd);
