@@ -56,10 +56,13 @@ inline std::vector<double> naive_linear(const std::vector<double>& x, const ref:
   return out;
 }
 
-inline void naive_rope(double* x, int head_dim, int pos, double theta) {
+// Rotate-half RoPE; frequency i divided by factors[i] when given (scaled RoPE).
+inline void naive_rope(double* x, int head_dim, int pos, double theta,
+                       const std::vector<double>& factors) {
   const int half = head_dim / 2;
   for (int i = 0; i < half; ++i) {
-    const double a = pos * std::pow(theta, -2.0 * i / (2 * half));
+    const double f = factors.empty() ? 1.0 : factors[static_cast<std::size_t>(i)];
+    const double a = pos * std::pow(theta, -2.0 * i / (2 * half)) / f;
     const double x1 = x[i], x2 = x[i + half];
     x[i] = x1 * std::cos(a) - x2 * std::sin(a);
     x[i + half] = x2 * std::cos(a) + x1 * std::sin(a);
@@ -82,10 +85,22 @@ inline naive_result naive_prefill(const ref::config& c, const ref::weights& w,
       q[t] = naive_linear(x, lw.wq, lw.bq);
       k[t] = naive_linear(x, lw.wk, lw.bk);
       v[t] = naive_linear(x, lw.wv, lw.bv);
-      for (int a = 0; a < c.n_heads; ++a)
-        naive_rope(q[t].data() + a * hd, hd, static_cast<int>(t), c.rope_theta);
-      for (int g = 0; g < c.n_kv_heads; ++g)
-        naive_rope(k[t].data() + g * hd, hd, static_cast<int>(t), c.rope_theta);
+      // Qwen3's per-head norms: each head of Q and K RMS-normalised over its head_dim.
+      const auto head_norm = [&](std::vector<double>& y, int head, const ref::vector& nw) {
+        std::vector<double> one(y.begin() + head * hd, y.begin() + (head + 1) * hd);
+        one = naive_norm(one, nw, c.rms_eps);
+        std::copy(one.begin(), one.end(), y.begin() + head * hd);
+      };
+      for (int a = 0; a < c.n_heads; ++a) {
+        if (c.qk_norm) head_norm(q[t], a, lw.q_norm);
+        naive_rope(q[t].data() + a * hd, hd, static_cast<int>(t), c.rope_theta,
+                   c.rope_freq_factors);
+      }
+      for (int g = 0; g < c.n_kv_heads; ++g) {
+        if (c.qk_norm) head_norm(k[t], g, lw.k_norm);
+        naive_rope(k[t].data() + g * hd, hd, static_cast<int>(t), c.rope_theta,
+                   c.rope_freq_factors);
+      }
     }
     std::vector<double> kflat, vflat;
     for (std::size_t t = 0; t < n; ++t) {
@@ -152,6 +167,12 @@ inline ref::config random_config(std::mt19937_64& rng) {
   c.pad_id = static_cast<int>(rng() % static_cast<std::uint64_t>(c.vocab));
   c.qkv_bias = rng() % 3 == 0;
   c.tied_embeddings = rng() % 3 == 0;
+  c.qk_norm = rng() % 3 == 0;
+  if (rng() % 3 == 0) {  // scaled RoPE: a divisor per frequency
+    for (int i = 0; i < c.rotary_dim() / 2; ++i) {
+      c.rope_freq_factors.push_back(1.0 + static_cast<double>(rng() % 1000) / 100.0);
+    }
+  }
   return c;
 }
 

@@ -51,7 +51,7 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
   for (ref::gemm_backend be : backends()) {
     std::mt19937_64 rng(1);
     double worst = 0;
-    int biased = 0, tied = 0;
+    int biased = 0, tied = 0, qk_normed = 0, scaled = 0;
     for (int trial = 0; trial < 12; ++trial) {
       const ref::config c = random_config(rng);
       const std::uint64_t seed = rng();
@@ -59,6 +59,8 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
       const ref::model m(c, seed);
       biased += c.qkv_bias;
       tied += c.tied_embeddings;
+      qk_normed += c.qk_norm;
+      scaled += !c.rope_freq_factors.empty();
       const auto prompts =
           random_prompts(rng, test::random_lengths(rng, 3, 1, 40 + trial * 25), c.vocab);
       const auto [cache, logits] =
@@ -87,11 +89,13 @@ TEST(Reference, KernelAloneMatchesPlainLoopForwardPass) {
     }
     std::printf(
         "[%s] kernel alone vs plain loops (double): max abs diff %.3g (%d configs with "
-        "biases, %d tied)\n",
-        ref::backend_name(be), worst, biased, tied);
+        "biases, %d tied, %d with Q/K norms, %d with scaled RoPE)\n",
+        ref::backend_name(be), worst, biased, tied, qk_normed, scaled);
     EXPECT_LE(worst, kTolerance) << ref::backend_name(be);
     EXPECT_GT(biased, 0);
     EXPECT_GT(tied, 0);
+    EXPECT_GT(qk_normed, 0);
+    EXPECT_GT(scaled, 0);
   }
 }
 

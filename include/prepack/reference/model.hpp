@@ -223,7 +223,8 @@ class model {
                     lm_head_.bytes();
     for (const layer& l : layers_) {
       b += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() +
-           static_cast<std::size_t>(l.qkv_bias.size()) * sizeof(float);
+           static_cast<std::size_t>(l.qkv_bias.size() + l.q_norm.size() + l.k_norm.size()) *
+               sizeof(float);
     }
     return b;
   }
@@ -337,6 +338,8 @@ class model {
   struct layer {
     linear qkv;       // [hidden][q_dim + 2 kv_dim]  diag(attn_norm) [wq | wk | wv]
     vector qkv_bias;  // [q_dim + 2 kv_dim]          [bq | bk | bv], empty without biases
+    vector q_norm;    // [head_dim]                  per-head Q and K RMSNorm weights (Qwen3),
+    vector k_norm;    // [head_dim]                  empty without
     linear o;         // [q_dim][hidden]
     linear gate_up;   // [hidden][2 ffn]             diag(mlp_norm) [w_gate | w_up]
     linear down;      // [ffn][hidden]
@@ -355,6 +358,8 @@ class model {
         L.qkv_bias.resize(c.q_dim() + 2 * c.kv_dim());
         L.qkv_bias << lw.bq, lw.bk, lw.bv;
       }
+      L.q_norm = std::move(lw.q_norm);
+      L.k_norm = std::move(lw.k_norm);
       L.o = linear(std::move(lw.wo), false, wt);
       matrix gu(c.hidden, 2 * c.ffn);
       gu << lw.w_gate, lw.w_up;
@@ -479,8 +484,9 @@ class model {
     }
   }
 
-  // Per row of the fused projection: the norm's scale, the biases, RoPE on every Q and K head,
-  // then the row's K and V into the store at its slot.
+  // Per row of the fused projection: the norm's scale, the biases, each Q and K head's own
+  // RMSNorm (Qwen3), RoPE on every Q and K head, then the row's K and V into the store at its
+  // slot.
   void qkv_epilogue(detail::pass& p, const layer& L, const detail::batch& b, float* keys,
                     float* values) const {
     const Eigen::Index n = p.n, q_dim = cfg_.q_dim(), kv_dim = cfg_.kv_dim(),
@@ -493,6 +499,14 @@ class model {
       Eigen::Map<Eigen::ArrayXf> r(row, qkv_dim);
       r *= p.scale[t];
       if (L.qkv_bias.size() > 0) r += L.qkv_bias.array();
+      if (L.q_norm.size() > 0) {
+        for (int head = 0; head < rope_heads; ++head) {
+          float* x = row + head * hd;
+          const vector& w = head < cfg_.n_heads ? L.q_norm : L.k_norm;
+          const float s = detail::rms_scale(x, static_cast<std::size_t>(hd), cfg_.rms_eps);
+          Eigen::Map<Eigen::ArrayXf>(x, hd) *= s * w.array();
+        }
+      }
       const std::int64_t pos = b.pos[static_cast<std::size_t>(t)];
       for (int head = 0; head < rope_heads; ++head) detail::rope(row + head * hd, rope, pos);
       const std::int64_t slot = b.slot[static_cast<std::size_t>(t)];

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +34,12 @@ struct config {
   int pad_id = 0;                // token id of pad slots; must be < vocab
   bool qkv_bias = false;         // Q, K and V projections have biases (Qwen2)
   bool tied_embeddings = false;  // the LM head is the token embedding (no lm_head matrix)
+  bool qk_norm = false;          // each Q and K head RMS-normalised before RoPE (Qwen3)
+  // RoPE frequency i is theta^(-2i / rotary_dim) / rope_freq_factors[i]: empty for plain RoPE,
+  // [rotary_dim / 2] divisors for scaled RoPE (Llama 3's rope_freqs, linear scaling: all equal
+  // to the factor). rope_factors_llama3 and rope_factors_linear compute them from a config's
+  // rope_scaling.
+  std::vector<double> rope_freq_factors;
 
   int head_size() const noexcept {
     return head_dim > 0 ? head_dim : (n_heads > 0 ? hidden / n_heads : 0);
@@ -44,8 +51,8 @@ struct config {
   /// Parameters of a model of this shape.
   double n_params() const noexcept {
     const double h = hidden, q = q_dim(), kv = kv_dim(), f = ffn, v = vocab;
-    const double per_layer =
-        2 * h + h * (q + 2 * kv) + q * h + 3 * h * f + (qkv_bias ? q + 2 * kv : 0);
+    const double per_layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f +
+                             (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2.0 * head_size() : 0);
     return (tied_embeddings ? 1 : 2) * v * h + h + n_layers * per_layer;
   }
 
@@ -66,6 +73,14 @@ struct config {
     require(rope_theta > 1.0 && std::isfinite(rope_theta), "config: rope_theta ", rope_theta);
     require(rms_eps > 0.0f && std::isfinite(rms_eps), "config: rms_eps ", rms_eps);
     require(pad_id >= 0 && pad_id < vocab, "config: pad_id ", pad_id, " outside vocab ", vocab);
+    require(rope_freq_factors.empty() ||
+                rope_freq_factors.size() == static_cast<std::size_t>(rotary_dim() / 2),
+            "config: ", rope_freq_factors.size(), " rope_freq_factors, expected 0 or ",
+            rotary_dim() / 2, " (rotary_dim / 2)");
+    for (std::size_t i = 0; i < rope_freq_factors.size(); ++i) {
+      require(rope_freq_factors[i] > 0 && std::isfinite(rope_freq_factors[i]),
+              "config: rope_freq_factors[", i, "] = ", rope_freq_factors[i]);
+    }
   }
 };
 
@@ -76,6 +91,8 @@ struct layer_weights {
   matrix wk;          // [hidden][n_kv_heads * head_dim]
   matrix wv;          // [hidden][n_kv_heads * head_dim]
   vector bq, bk, bv;  // [q_dim], [kv_dim], [kv_dim]  only with config::qkv_bias
+  vector q_norm;      // [head_dim]  only with config::qk_norm: every Q head's RMSNorm weight
+  vector k_norm;      // [head_dim]  and every K head's
   matrix wo;          // [n_heads * head_dim][hidden]
   vector mlp_norm;    // [hidden]
   matrix w_gate;      // [hidden][ffn]
@@ -142,6 +159,10 @@ inline weights random_weights(const config& c, std::uint64_t seed) {
       lw.bk = detail::random_vector(g, c.kv_dim(), 0.0f, 0.5f);
       lw.bv = detail::random_vector(g, c.kv_dim(), 0.0f, 0.5f);
     }
+    if (c.qk_norm) {
+      lw.q_norm = detail::random_vector(g, c.head_size(), 1.0f, 0.3f);
+      lw.k_norm = detail::random_vector(g, c.head_size(), 1.0f, 0.3f);
+    }
     lw.wo = detail::random_matrix(g, c.q_dim(), c.hidden, residual / std::sqrt(c.q_dim()));
     lw.mlp_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
     lw.w_gate = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
@@ -175,6 +196,8 @@ inline void check_weights(const config& c, const weights& w) {
     detail::check_shape(lw.bq, c.qkv_bias ? c.q_dim() : 0, p + "bq");
     detail::check_shape(lw.bk, c.qkv_bias ? c.kv_dim() : 0, p + "bk");
     detail::check_shape(lw.bv, c.qkv_bias ? c.kv_dim() : 0, p + "bv");
+    detail::check_shape(lw.q_norm, c.qk_norm ? c.head_size() : 0, p + "q_norm");
+    detail::check_shape(lw.k_norm, c.qk_norm ? c.head_size() : 0, p + "k_norm");
     detail::check_shape(lw.wo, c.q_dim(), c.hidden, p + "wo");
     detail::check_shape(lw.mlp_norm, c.hidden, p + "mlp_norm");
     detail::check_shape(lw.w_gate, c.hidden, c.ffn, p + "w_gate");
@@ -187,6 +210,52 @@ inline void check_weights(const config& c, const weights& w) {
   } else {
     detail::check_shape(w.lm_head, c.hidden, c.vocab, "lm_head");
   }
+}
+
+/// The RoPE frequency divisors of Llama 3's scaling (Hugging Face's rope_type "llama3":
+/// factor, low_freq_factor, high_freq_factor, original_max_position_embeddings), for a model of
+/// rotary_dim features and base theta: wavelengths longer than original / low_freq_factor are
+/// stretched by factor, shorter than original / high_freq_factor kept, and those between
+/// interpolated smoothly. Throws prepack::error for a value outside its domain.
+inline std::vector<double> rope_factors_llama3(int rotary_dim, double theta, double factor,
+                                               double low_freq_factor, double high_freq_factor,
+                                               double original_max_positions) {
+  using prepack::detail::require;
+  require(rotary_dim >= 2 && theta > 1.0, "rope_scaling llama3: rotary_dim ", rotary_dim,
+          ", theta ", theta);
+  require(factor >= 1.0 && std::isfinite(factor), "rope_scaling llama3: factor ", factor);
+  require(
+      low_freq_factor > 0 && high_freq_factor > low_freq_factor && std::isfinite(high_freq_factor),
+      "rope_scaling llama3: low_freq_factor ", low_freq_factor, ", high_freq_factor ",
+      high_freq_factor, " (need 0 < low < high)");
+  require(original_max_positions > 0 && std::isfinite(original_max_positions),
+          "rope_scaling llama3: original_max_position_embeddings ", original_max_positions);
+  const double pi = 3.14159265358979323846;
+  const double low_wavelen = original_max_positions / low_freq_factor;
+  const double high_wavelen = original_max_positions / high_freq_factor;
+  std::vector<double> out(static_cast<std::size_t>(rotary_dim / 2));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / rotary_dim);
+    const double wavelen = 2 * pi / inv_freq;
+    if (wavelen < high_wavelen) {
+      out[i] = 1.0;
+    } else if (wavelen > low_wavelen) {
+      out[i] = factor;
+    } else {
+      const double smooth = (original_max_positions / wavelen - low_freq_factor) /
+                            (high_freq_factor - low_freq_factor);
+      // inv_freq' = (1 - smooth) inv_freq / factor + smooth inv_freq
+      out[i] = 1.0 / ((1 - smooth) / factor + smooth);
+    }
+  }
+  return out;
+}
+
+/// Linear RoPE scaling (positions divided by factor): every frequency divided by it.
+inline std::vector<double> rope_factors_linear(int rotary_dim, double factor) {
+  prepack::detail::require(factor > 0 && std::isfinite(factor), "rope_scaling linear: factor ",
+                           factor);
+  return std::vector<double>(static_cast<std::size_t>(std::max(rotary_dim / 2, 0)), factor);
 }
 
 /// Bytes of the weights of a model of config c held as fp32, computed without allocating.

@@ -159,7 +159,7 @@ class workspace {
       if (buf.size() < rows * cols) buf.assign(rows * cols, 0.0f);
     });
     if (rope_max_ < max_pos || rope_.half != c.rotary_dim() / 2) {
-      rope_ = make_rope_table(c.rotary_dim(), c.rope_theta, max_pos);
+      rope_ = make_rope_table(c.rotary_dim(), c.rope_theta, max_pos, c.rope_freq_factors);
       rope_max_ = max_pos;
     }
     while (scratch_.size() < static_cast<std::size_t>(n_threads)) {

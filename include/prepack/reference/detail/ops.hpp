@@ -31,7 +31,9 @@ struct rope_table {
   std::vector<float> sin;  // [max_position + 1][half]
 };
 
-inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max_position) {
+// factors: empty, or [rotary_dim / 2] divisors of the frequencies (scaled RoPE).
+inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max_position,
+                                  const std::vector<double>& factors = {}) {
   rope_table r;
   r.half = rotary_dim / 2;
   const std::size_t n =
@@ -41,7 +43,8 @@ inline rope_table make_rope_table(int rotary_dim, double theta, std::int64_t max
   for (int i = 0; i < r.half; ++i) {
     // inv_freq_i = theta^(-2i / rotary_dim), in double: the same value for the same position in
     // every batch shape.
-    const double inv_freq = std::pow(theta, -2.0 * i / rotary_dim);
+    const double inv_freq = std::pow(theta, -2.0 * i / rotary_dim) /
+                            (factors.empty() ? 1.0 : factors[static_cast<std::size_t>(i)]);
     for (std::int64_t p = 0; p <= max_position; ++p) {
       const double angle = static_cast<double>(p) * inv_freq;
       const std::size_t k = static_cast<std::size_t>(p) * static_cast<std::size_t>(r.half) +

@@ -1,0 +1,119 @@
+"""An independent forward pass of the real model in NumPy (float64), over the weights gguf
+dequantizes, written from llama.cpp's definition of the llama architecture as it runs a GGUF
+file (weights as stored: Q and K rows in llama.cpp's order, RoPE rotating adjacent pairs, as
+ggml's "normal" RoPE mode does), checked against prepack_demo's last-token logits.
+
+Usage: forward_numpy.py PREPACK_DEMO WORKDIR
+Passes when every prompt's last-token logits agree within 1e-3 of the logits' scale and the
+arg-max token agrees (unless the top two are within that bound)."""
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import oracle  # noqa: E402
+
+np, gguf = oracle.need("numpy", "gguf")
+
+
+def field(reader, key):
+    f = reader.fields[key]
+    return f.contents()
+
+
+def load(path):
+    r = gguf.GGUFReader(path)
+    arch = field(r, "general.architecture")
+    if arch != "llama":
+        oracle.fail(f"{path}: architecture {arch}: this oracle runs llama")
+    cfg = {k: field(r, f"llama.{k}") for k in (
+        "block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+        "rope.freq_base", "attention.layer_norm_rms_epsilon")}
+    w = {t.name: gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
+         for t in r.tensors}
+    return cfg, w
+
+
+def rope_pairs(x, pos, base):
+    """ggml's normal RoPE: dimensions (2i, 2i+1) rotated by pos * base^(-2i/d). x: [T][H][d]."""
+    d = x.shape[-1]
+    theta = pos[:, None] * base ** (-np.arange(0, d, 2) / d)  # [T][d/2]
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * c - b * s
+    out[..., 1::2] = a * s + b * c
+    return out
+
+
+def rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def last_logits(cfg, w, tokens):
+    L, D = cfg["block_count"], cfg["embedding_length"]
+    H, KV = cfg["attention.head_count"], cfg["attention.head_count_kv"]
+    eps, base = cfg["attention.layer_norm_rms_epsilon"], cfg["rope.freq_base"]
+    hd = D // H
+    T = len(tokens)
+    pos = np.arange(T, dtype=np.float64)
+    x = w["token_embd.weight"][tokens]  # [T][D]
+    causal = np.triu(np.full((T, T), -np.inf), 1)
+    for layer in range(L):
+        p = f"blk.{layer}."
+        h = rms(x, w[p + "attn_norm.weight"], eps)
+        q = (h @ w[p + "attn_q.weight"].T).reshape(T, H, hd)
+        k = (h @ w[p + "attn_k.weight"].T).reshape(T, KV, hd)
+        v = (h @ w[p + "attn_v.weight"].T).reshape(T, KV, hd)
+        q, k = rope_pairs(q, pos, base), rope_pairs(k, pos, base)
+        out = np.empty((T, H, hd))
+        for head in range(H):
+            g = head // (H // KV)
+            s = q[:, head, :] @ k[:, g, :].T / np.sqrt(hd) + causal
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            out[:, head, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, g, :]
+        x = x + out.reshape(T, D) @ w[p + "attn_output.weight"].T
+        h = rms(x, w[p + "ffn_norm.weight"], eps)
+        gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+    h = rms(x[-1:], w["output_norm.weight"], eps)
+    head = w.get("output.weight", w["token_embd.weight"])
+    return (h @ head.T)[0]
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    demo, work = sys.argv[1], sys.argv[2]
+    path = oracle.model()
+    os.makedirs(work, exist_ok=True)
+    cfg, w = load(path)
+    vocab = w["token_embd.weight"].shape[0]
+    rng = np.random.default_rng(22)
+    prompts = [list(rng.integers(0, vocab, n)) for n in (1, 7, 23, 40)]
+    prompts.append([1, 504, 3458, 282, 4649, 314, 3714, 30])  # a common-token prompt
+    pfile, lfile = os.path.join(work, "prompts.txt"), os.path.join(work, "logits.f32")
+    with open(pfile, "w") as f:
+        for p in prompts:
+            f.write(" ".join(str(int(t)) for t in p) + "\n")
+    r = subprocess.run([demo, "--model", path, "--prompts", pfile, "--logits", lfile,
+                        "--new-tokens", "1"], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        oracle.fail(f"prepack_demo exited {r.returncode}: {r.stdout}{r.stderr}")
+    ours = np.fromfile(lfile, dtype=np.float32).reshape(len(prompts), vocab)
+    worst = 0.0
+    for i, p in enumerate(prompts):
+        want = last_logits(cfg, w, np.array(p))
+        scale = max(1.0, float(np.abs(want).max()))
+        diff = float(np.abs(ours[i] - want).max()) / scale
+        worst = max(worst, diff)
+        top = np.sort(want)[-2:]
+        if diff > 1e-3:
+            oracle.fail(f"prompt {i} ({len(p)} tokens): logits differ by {diff:.3g} of their scale")
+        if int(np.argmax(ours[i])) != int(np.argmax(want)) and top[1] - top[0] > 1e-3 * scale:
+            oracle.fail(f"prompt {i}: arg-max {int(np.argmax(ours[i]))}, NumPy {int(np.argmax(want))}")
+    print(f"last-token logits equal NumPy's forward pass of {os.path.basename(path)} within "
+          f"{worst:.3g} of their scale ({len(prompts)} prompts, bound 1e-3)")
+
+
+main()
