@@ -379,9 +379,25 @@ TEST(CheckpointErrors, SafetensorsErrorsNameTheFileAndItem) {
   std::ofstream(dir + "/config.json") << j.dump();
   EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "config.json: hidden_size missing");
   j = test::hf_config(c);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir),
+                       "config.json: rope_scaling rope_type 'yarn' is not supported (default, "
+                       "linear, llama3)");
+  j["rope_scaling"] = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 4.0},
+                       {"high_freq_factor", 1.0}};
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir),
+                       "rope_scaling llama3: low_freq_factor 4, high_freq_factor 1");
+  j["rope_scaling"] = {{"type", "linear"}, {"factor", "two"}};
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "rope_scaling.factor is not a number");
   j["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
   std::ofstream(dir + "/config.json") << j.dump();
-  EXPECT_PREPACK_ERROR(prepack::checkpoint::load(dir), "rope_scaling is not supported");
+  EXPECT_EQ(prepack::checkpoint::inspect(dir).cfg.rope_freq_factors,
+            std::vector<double>(static_cast<std::size_t>(c.rotary_dim() / 2), 2.0));
   j = test::hf_config(c);
   j["num_hidden_layers"] = 5;
   std::ofstream(dir + "/config.json") << j.dump();

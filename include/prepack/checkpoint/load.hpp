@@ -16,6 +16,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -166,6 +167,10 @@ inline reference::weights build_weights(const reference::config& c, const tensor
       lw.bk = bias(p + "self_attn.k_proj.bias", kv, kh);
       lw.bv = bias(p + "self_attn.v_proj.bias", kv, 0);
     }
+    if (c.qk_norm) {
+      lw.q_norm = vec(p + "self_attn.q_norm.weight", u(c.head_size()));
+      lw.k_norm = vec(p + "self_attn.k_norm.weight", u(c.head_size()));
+    }
     lw.wo = lin(p + "self_attn.o_proj.weight", h, q, 0);
     lw.mlp_norm = vec(p + "post_attention_layernorm.weight", h);
     lw.w_gate = lin(p + "mlp.gate_proj.weight", f, h, 0);
@@ -193,6 +198,8 @@ inline std::string gguf_name(const std::string& hf) {
       {"self_attn.q_proj.bias", "attn_q.bias"},
       {"self_attn.k_proj.bias", "attn_k.bias"},
       {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
@@ -242,8 +249,8 @@ inline info inspect_gguf(const std::string& path, gguf_source& src) {
   out.format = "gguf";
   out.architecture = g.text("general.architecture");
   const std::string& a = out.architecture;
-  require(a == "llama" || a == "qwen2", path, ": architecture ", a,
-          " is not supported (llama, qwen2)");
+  require(a == "llama" || a == "qwen2" || a == "qwen3", path, ": architecture ", a,
+          " is not supported (llama, qwen2, qwen3)");
   out.name = g.has("general.name") ? g.text("general.name") : file_stem(path);
   reference::config& c = out.cfg;
   const auto int_of = [&](const std::string& key) {
@@ -271,18 +278,37 @@ inline info inspect_gguf(const std::string& path, gguf_source& src) {
   }
   c.tied_embeddings = g.find("output.weight") == nullptr;
   c.qkv_bias = g.find("blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = g.find("blk.0.attn_q_norm.weight") != nullptr;
+  require(a != "qwen3" || c.qk_norm, path, ": qwen3 without blk.0.attn_q_norm.weight");
   c.validate();
   if (g.has(a + ".rope.dimension_count")) {
     require(g.integer(a + ".rope.dimension_count") == c.head_size(), path,
             ": rope.dimension_count ", g.integer(a + ".rope.dimension_count"),
             " is not the head dim ", c.head_size(), " (partial rotary is not supported)");
   }
-  require(g.find("rope_freqs.weight") == nullptr, path,
-          ": rope_freqs.weight (scaled RoPE) is not supported");
+  // Scaled RoPE as llama.cpp applies it: frequency i divided by rope_freqs[i] (Llama 3's
+  // factors, a tensor of the file) and by the linear scaling factor (freq_scale = 1 / factor).
+  double linear = 1.0;
   if (g.has(a + ".rope.scaling.type")) {
     const std::string& t = g.text(a + ".rope.scaling.type");
-    require(t == "none", path, ": rope.scaling.type ", t, " is not supported");
+    require(t == "none" || t == "linear", path, ": ", a, ".rope.scaling.type ", t,
+            " is not supported (none, linear)");
+    if (t == "linear") {
+      linear = g.real(a + ".rope.scaling.factor");
+      require(linear > 0 && std::isfinite(linear), path, ": ", a, ".rope.scaling.factor ", linear);
+    }
   }
+  const std::size_t half = static_cast<std::size_t>(c.rotary_dim() / 2);
+  if (const gguf_tensor* f = g.find("rope_freqs.weight")) {
+    require(f->dims.size() == 1 && f->dims[0] == half, path, ": tensor rope_freqs.weight has ",
+            f->elements(), " elements, expected ", half, " (head dim / 2)");
+    std::vector<float> x(half);
+    g.read(*f, span<float>(x));
+    for (std::size_t i = 0; i < half; ++i) c.rope_freq_factors.push_back(linear * x[i]);
+  } else if (linear != 1.0) {
+    c.rope_freq_factors = reference::rope_factors_linear(c.rotary_dim(), linear);
+  }
+  c.validate();
   require(c.n_layers <= 4096 && c.hidden <= (1 << 20), path, ": absurd shape");
   for (const gguf_tensor& t : g.tensors()) {
     ++out.tensor_types[ggml_type_name(t.type)];
@@ -338,9 +364,11 @@ inline info inspect_safetensors(const std::string& dir, safetensors_source& src)
                              !j["architectures"].empty() && j["architectures"][0].is_string()
                          ? j["architectures"][0].get<std::string>()
                          : "";
-  require(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" || arch == "Qwen2ForCausalLM",
+  require(arch == "LlamaForCausalLM" || arch == "MistralForCausalLM" ||
+              arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM",
           cfg_path, ": architecture '", arch,
-          "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+          "' is not supported (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+          "Qwen3ForCausalLM)");
   out.architecture = arch;
   const auto num = [&](const char* key, bool required, double fallback) {
     if (!j.contains(key) || j[key].is_null()) {
@@ -371,9 +399,31 @@ inline info inspect_safetensors(const std::string& dir, safetensors_source& src)
   c.qkv_bias = arch == "Qwen2ForCausalLM" ||
                (j.contains("attention_bias") && j["attention_bias"].is_boolean() &&
                 j["attention_bias"].get<bool>());
-  require(!j.contains("rope_scaling") || j["rope_scaling"].is_null(), cfg_path,
-          ": rope_scaling is not supported");
+  c.qk_norm = arch == "Qwen3ForCausalLM";
   c.validate();
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const nlohmann::json& rs = j["rope_scaling"];
+    require(rs.is_object(), cfg_path, ": rope_scaling is not an object");
+    const char* type_key = rs.contains("rope_type") ? "rope_type" : "type";
+    require(rs.contains(type_key) && rs[type_key].is_string(), cfg_path,
+            ": rope_scaling has no rope_type");
+    const std::string type = rs[type_key].get<std::string>();
+    const auto field = [&](const char* key, double fallback) {
+      if (!rs.contains(key) || rs[key].is_null()) return fallback;
+      require(rs[key].is_number(), cfg_path, ": rope_scaling.", key, " is not a number");
+      return rs[key].get<double>();
+    };
+    if (type == "llama3") {
+      c.rope_freq_factors = reference::rope_factors_llama3(
+          c.rotary_dim(), c.rope_theta, field("factor", 8.0), field("low_freq_factor", 1.0),
+          field("high_freq_factor", 4.0), field("original_max_position_embeddings", 8192.0));
+    } else if (type == "linear") {
+      c.rope_freq_factors = reference::rope_factors_linear(c.rotary_dim(), field("factor", 1.0));
+    } else {
+      require(type == "default", cfg_path, ": rope_scaling rope_type '", type,
+              "' is not supported (default, linear, llama3)");
+    }
+  }
   // The weight files: one, or the shards an index lists.
   std::vector<std::string> files;
   std::error_code ec;
