@@ -31,6 +31,10 @@
 #include "support/cli.hpp"
 #include "support/model_flags.hpp"
 #include "support/workload.hpp"
+#ifdef PREPACK_SUPPORT_TEXT
+#include "prepack/text.hpp"
+#include "support/text_input.hpp"
+#endif
 
 namespace ref = prepack::reference;
 using json = nlohmann::ordered_json;
@@ -42,6 +46,11 @@ const char* kUsage =
 
 Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1):
   --prompts FILE      one prompt per line, token ids separated by spaces ('#' comments)
+  --text FILE         one prompt per line as UTF-8 text (leading spaces kept; \n, \t, \\
+                      escapes), tokenized by --model's own tokenizer; continuations are
+                      printed as text
+  --tokenize FILE     print each line's token ids under --model's tokenizer (no BOS) and exit;
+                      works on a vocabulary-only GGUF
   --profile NAME      equal | mild | heavy | heavy-cut | one-long, or, with shared prefixes in
                       the token ids, few-shot | system-prompt
   --batch N           prompts to generate (1..100000, default 64)
@@ -124,7 +133,11 @@ options parse_flags(const support::args& a) {
 // The prompts: from a file, or generated (lengths first, so the memory check comes before any
 // prompt is built).
 struct workload {
-  std::string name;                       // the file, or "profile P, seed S"
+  std::string name;  // the file, or "profile P, seed S"
+#ifdef PREPACK_SUPPORT_TEXT
+  std::optional<prepack::text::tokenizer> tok;  // --text: the model's tokenizer
+  std::vector<std::string> texts;               // --text: the prompts as text
+#endif
   std::vector<int> lengths;               // [n_prompts]
   std::vector<std::vector<int>> prompts;  // [n_prompts][length]  empty until make_prompts
   int longest() const { return *std::max_element(lengths.begin(), lengths.end()); }
@@ -138,6 +151,34 @@ struct workload {
 workload load_workload(const support::args& a, const options& o) {
   workload w;
   const int vocab = o.model.cfg.vocab;
+  if (a.has("--text")) {
+#ifdef PREPACK_SUPPORT_TEXT
+    if (a.has("--prompts") || a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
+      throw support::usage_error(
+          "--text cannot be combined with --prompts, --profile, --batch or --max-len");
+    }
+    if (o.model.path.empty()) throw support::usage_error("--text needs --model (its tokenizer)");
+    const std::string file = a.str("--text", "");
+    w.tok.emplace(prepack::text::load_tokenizer(o.model.path));
+    for (const auto& line : support::read_text_lines(file)) {
+      std::vector<std::int32_t> ids = w.tok->encode(line.text);
+      for (std::int32_t id : ids) {
+        if (id >= vocab) {
+          throw support::usage_error(file + ":" + std::to_string(line.line) + ": token " +
+                                     std::to_string(id) + " is outside the model's vocabulary of " +
+                                     std::to_string(vocab));
+        }
+      }
+      w.prompts.emplace_back(ids.begin(), ids.end());
+      w.lengths.push_back(static_cast<int>(ids.size()));
+      w.texts.push_back(line.text);
+    }
+    w.name = file;
+    return w;
+#else
+    throw support::usage_error("--text needs a build with prepack::text (libpcre2-dev)");
+#endif
+  }
   if (a.has("--prompts")) {
     if (a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
       throw support::usage_error(
@@ -411,6 +452,18 @@ bool agrees(const outcome& x, const tolerance& tol) {
   return x.tokens_match && x.max_kv <= tol.kv && x.max_logits <= tol.logits;
 }
 
+#ifdef PREPACK_SUPPORT_TEXT
+// A greedy continuation as text, up to the model's end-of-sequence token.
+std::string continuation_text(const prepack::text::tokenizer& t, const std::vector<int>& tokens) {
+  std::vector<std::int32_t> ids;
+  for (int x : tokens) {
+    if (x == t.eos()) break;
+    ids.push_back(x);
+  }
+  return t.decode(ids);
+}
+#endif
+
 // The prepacked prefill's last-token logits, raw float32 [n_prompts][vocab] in prompt order.
 void write_logits(const std::string& file, const ref::matrix& lg) {
   std::ofstream out(file, std::ios::binary);
@@ -489,6 +542,19 @@ json report_json(const options& o, const workload& w, const plan_facts& f, outco
   j["greedy_tokens_match"] = all_agree;
   j["model"] = support::describe_json(o.model);
   j["greedy_tokens"] = alone.tokens;  // [n_prompts][new_tokens]  every method's, when they match
+#ifdef PREPACK_SUPPORT_TEXT
+  if (w.tok) {  // --text: the prompts and every method's continuation as text
+    json& texts = j["texts"];
+    for (std::size_t i = 0; i < w.texts.size(); ++i) {
+      json t;
+      t["prompt"] = w.texts[i];
+      t["continuation"] = continuation_text(*w.tok, alone.tokens[i]);
+      for (outcome* x : r.all())
+        t["methods"][x->name] = continuation_text(*w.tok, x->decoded.tokens[i]);
+      texts.push_back(std::move(t));
+    }
+  }
+#endif
   return j;
 }
 
@@ -540,6 +606,23 @@ void report_text(const options& o, const workload& w, const plan_facts& f, outco
     std::printf("  %-10s KV %.2g, last-token logits %.2g\n", (x->name + ":").c_str(),
                 static_cast<double>(x->max_kv), static_cast<double>(x->max_logits));
   }
+#ifdef PREPACK_SUPPORT_TEXT
+  if (w.tok) {
+    std::printf("\ncontinuations (%d greedy tokens, as text):\n", o.new_tokens);
+    for (std::size_t i = 0; i < std::min<std::size_t>(16, w.texts.size()); ++i) {
+      const std::string want = continuation_text(*w.tok, alone.tokens[i]);
+      std::printf("  %zu. %s -> %s\n", i, support::one_line(w.texts[i]).c_str(),
+                  support::one_line(want).c_str());
+      for (const outcome* x : r.all()) {
+        const std::string got = continuation_text(*w.tok, x->decoded.tokens[i]);
+        if (got != want) {
+          std::printf("     %s: %s\n", x->name.c_str(), support::one_line(got).c_str());
+        }
+      }
+    }
+    if (w.texts.size() > 16) std::printf("  (%zu more)\n", w.texts.size() - 16);
+  }
+#endif
   std::printf("\ngreedy continuations (%d tokens), first prompts:\n", o.new_tokens);
   for (std::size_t i = 0; i < std::min<std::size_t>(3, w.lengths.size()); ++i) {
     const auto show = [&](const std::string& name, const std::vector<int>& t) {
@@ -567,18 +650,39 @@ void report_text(const options& o, const workload& w, const plan_facts& f, outco
   }
 }
 
+// --tokenize FILE: each line's token ids under --model's tokenizer, no BOS; nothing else read
+// from the model (a vocabulary-only GGUF is enough).
+int tokenize(const support::args& a) {
+#ifdef PREPACK_SUPPORT_TEXT
+  const std::string model = a.str("--model", "");
+  if (model.empty()) throw support::usage_error("--tokenize needs --model (its tokenizer)");
+  const auto tok = prepack::text::load_tokenizer(model);
+  for (const auto& line : support::read_text_lines(a.str("--tokenize", ""))) {
+    const auto ids = tok.encode(line.text, {false});
+    std::string out;
+    for (std::int32_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
+    std::printf("%s\n", out.c_str());
+  }
+  return 0;
+#else
+  (void)a;
+  throw support::usage_error("--tokenize needs a build with prepack::text (libpcre2-dev)");
+#endif
+}
+
 int demo(int argc, char** argv) {
   const support::args a(
       argc, argv,
       support::with({"--prompts", "--profile", "--batch", "--max-len", "--seed", "--capacity",
                      "--packer", "--attention", "--new-tokens", "--repeat", "--max-pad", "--budget",
-                     "--policy", "--block-size", "--logits"},
+                     "--policy", "--block-size", "--logits", "--text", "--tokenize"},
                     support::model_valued_flags()),
       support::with({"--json", "--help", "--prefix"}, support::model_switches()));
   if (a.has("--help")) {
     std::cout << kUsage << support::model_help() << kMethods;
     return 0;
   }
+  if (a.has("--tokenize")) return tokenize(a);
   const options o = parse_flags(a);
   workload w = load_workload(a, o);
   if (o.capacity && *o.capacity < w.longest()) {
