@@ -48,6 +48,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -115,7 +116,10 @@ ref::config make_config(int vocab, int hidden, int layers, int heads, int kv_hea
 model_spec checkpoint_spec() {
 #ifdef PREPACK_BENCH_CHECKPOINTS
   const prepack::checkpoint::info info = prepack::checkpoint::inspect(g_opt.model_path);
-  return {info.name, info.cfg, g_opt.model_path};
+  // Named by its file (a model's general.name may hold spaces).
+  std::string name = std::filesystem::path(g_opt.model_path).filename().string();
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  return {name.empty() ? info.name : name, info.cfg, g_opt.model_path};
 #else
   throw prepack::error("--model: this build has no checkpoint loader (needs nlohmann-json)");
 #endif
@@ -422,7 +426,16 @@ void register_prefill() {
                                                ? std::vector<std::size_t>{8, 32}
                                                : std::vector<std::size_t>{4, 8, 16, 32, 64};
   for (const model_spec& ms : models()) {
+    const auto t0 = std::chrono::steady_clock::now();
     keep.push_back(build(ms));
+    if (!ms.path.empty()) {
+      // A checkpoint's load: mapping, dequantizing every tensor, the model's own layout.
+      char buf[256];
+      std::snprintf(buf, sizeof buf, "`%s`: loaded (every tensor dequantized to fp32) in %.2f s",
+                    ms.name.c_str(), seconds_since(t0));
+      g_results.checkpoints.push_back(buf);
+      std::fprintf(stderr, "checkpoint %s\n", buf);
+    }
     const ref::model* m = keep.back().get();
     for (const workload& w0 : workloads(ms.cfg.vocab)) {
       auto w = std::make_shared<workload>(w0);

@@ -52,6 +52,7 @@ struct table {
   std::vector<kernel_row> kernel_rows;
   double others_share = 0, fma_peak = 0;
   int threads = 0;
+  std::vector<std::string> checkpoints;  // "name: loaded in S s (params, tensor types)"
 };
 
 inline void write(const table& t, const std::string& dir) {
@@ -119,6 +120,7 @@ inline void write(const table& t, const std::string& dir) {
                 "processes used %.1f%% of the machine's CPU time during the run.\n\n",
                 t.threads, t.fma_peak, 100.0 * t.others_share);
   md << buf;
+  for (const std::string& c : t.checkpoints) md << "Checkpoint " << c << ".\n\n";
   for (const std::string& m : models) {
     md << "### Model `" << m << "`: speedup over padding (time per batch, same run)\n\n";
     md << "| workload | batch | padding s/batch | padded ratio |";
