@@ -16,5 +16,6 @@
 #include "prefix.hpp"
 #include "schedule.hpp"
 #include "span.hpp"
+#include "serve.hpp"
 #include "step.hpp"
 #include "unpack.hpp"
