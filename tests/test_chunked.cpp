@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <new>
 #include <numeric>
 #include <random>
@@ -400,6 +401,118 @@ TEST(ChunkedErrors, AllocationsThatCannotSucceedLeaveEverythingUsable) {
   EXPECT_EQ(ref::max_abs_diff(ref::unpack_caches(m, l, after), ref::unpack_caches(m, l, before)),
             0.0);
   EXPECT_EQ((after.logits - before.logits).cwiseAbs().maxCoeff(), 0.0f);
+}
+
+}  // namespace
+
+namespace {
+
+// The serving loop on the reference model: random arrival traces through prepack::scheduler
+// (every policy, budgets from 1 up, block sizes 1, 3 and 16, pools tight enough to preempt and
+// evict, prefix cache on and off), each step one forward pass with greedy sampling. Every
+// request's generated tokens equal generating it alone (up to a near-tie a rounding can flip),
+// and its cache when it finishes equals prefilling its tokens alone; blocks are conserved.
+TEST(ServeLoop, EveryRequestEqualsRunningItAlone) {
+  std::mt19937_64 rng(31);
+  std::size_t preemptions = 0, hits = 0, checked = 0;
+  int trial = 0;
+  for (prepack::admission pol :
+       {prepack::admission::fcfs, prepack::admission::packed, prepack::admission::shortest_first}) {
+    for (std::size_t bs : {1, 3, 16}) {
+      for (bool cache : {true, false}) {
+        ++trial;
+        ref::config c = test::random_config(rng);
+        c.n_layers = 1 + trial % 2;
+        const ref::model m(c, rng());
+        prepack::scheduler_options so;
+        so.token_budget = trial % 5 == 0 ? 1 : 4 + rng() % 40;
+        so.max_seqs = 1 + rng() % 6;
+        so.block_size = bs;
+        so.policy = pol;
+        so.prefix_cache = cache;
+        so.n_blocks =
+            prepack::blocks_for(70, bs) + (trial % 2 == 0 ? 0 : prepack::blocks_for(90, bs));
+        std::vector<int> stem;
+        for (int k = 0; k < 24; ++k)
+          stem.push_back(static_cast<int>(rng() % static_cast<std::uint64_t>(c.vocab)));
+        std::vector<ref::timed_request> trace;
+        for (int i = 0; i < 10; ++i) {
+          prepack::request r;
+          r.id = 100 + i;
+          if (rng() % 2 == 0)
+            r.prompt.assign(stem.begin(),
+                            stem.begin() + 1 + static_cast<long>(rng() % stem.size()));
+          const std::size_t extra = rng() % 3 == 0 ? 0 : rng() % 30;
+          for (std::size_t k = 0; k < extra || r.prompt.empty(); ++k) {
+            r.prompt.push_back(
+                static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(c.vocab)));
+          }
+          r.max_new_tokens = 1 + rng() % 8;
+          trace.push_back({r, static_cast<double>(rng() % 20)});
+        }
+        prepack::scheduler s(so);
+        ref::serve_options opt;
+        opt.virtual_clock = true;
+        // The cache of each finished request against prefilling its tokens alone.
+        std::map<std::int64_t, std::vector<std::int32_t>> prompts;
+        for (const auto& t : trace) prompts[t.r.id] = t.r.prompt;
+        double worst = 0;
+        opt.on_finish = [&](const prepack::finished_request& f, const ref::kv_pool& pool) {
+          std::vector<int> seq(prompts[f.id].begin(), prompts[f.id].end());
+          seq.insert(seq.end(), f.generated.begin(), f.generated.end() - 1);
+          ASSERT_EQ(seq.size(), f.cached_positions);
+          const auto [alone, logits] = ref::prefill_alone(m, std::vector<std::vector<int>>{seq});
+          const std::size_t kv = static_cast<std::size_t>(c.kv_dim());
+          for (int layer = 0; layer < c.n_layers; ++layer) {
+            for (std::size_t p = 0; p < seq.size(); ++p) {
+              const std::size_t at =
+                  (static_cast<std::size_t>(f.blocks[p / bs]) * bs + p % bs) * kv;
+              const std::size_t want = alone.seqs[0].slot(p, alone.pool.block_size()) * kv;
+              for (std::size_t e = 0; e < kv; ++e) {
+                worst = std::max<double>(
+                    worst, std::abs(pool.keys(layer)[at + e] - alone.pool.keys(layer)[want + e]));
+                worst = std::max<double>(worst, std::abs(pool.values(layer)[at + e] -
+                                                         alone.pool.values(layer)[want + e]));
+              }
+            }
+          }
+          ++checked;
+        };
+        const ref::serve_report rep = ref::serve(m, s, trace, opt);
+        EXPECT_LE(worst, 1e-4) << "trial " << trial;
+        for (std::size_t i = 0; i < trace.size(); ++i) {
+          const auto& r = trace[i].r;
+          const auto [cache0, logits0] = ref::prefill_alone(
+              m, std::vector<std::vector<int>>{std::vector<int>(r.prompt.begin(), r.prompt.end())},
+              r.max_new_tokens);
+          auto cache1 = cache0;
+          const ref::decode_result want =
+              ref::greedy_decode(m, cache1, logits0, static_cast<int>(r.max_new_tokens));
+          ref::decode_result got;
+          const auto& served =
+              *std::find_if(rep.requests.begin(), rep.requests.end(),
+                            [&](const ref::served_request& x) { return x.id == r.id; });
+          got.tokens = {std::vector<int>(served.generated.begin(), served.generated.end())};
+          got.margins = want.margins;
+          test::expect_same_tokens(
+              want, got, "trial " + std::to_string(trial) + " request " + std::to_string(r.id));
+          EXPECT_GE(served.first_token_ms, served.arrival_ms);
+          EXPECT_GE(served.finish_ms, served.first_token_ms);
+        }
+        EXPECT_EQ(s.blocks().available(), so.n_blocks);
+        s.drop_cache();
+        EXPECT_EQ(s.blocks().free(), so.n_blocks);
+        preemptions += rep.stats.preemptions;
+        hits += rep.stats.cache_hit_tokens;
+      }
+    }
+  }
+  std::printf(
+      "serving on the model: %zu requests' caches checked, %zu preemptions, %zu prompt "
+      "tokens from the prefix cache\n",
+      checked, preemptions, hits);
+  EXPECT_GT(preemptions, 0u);
+  EXPECT_GT(hits, 0u);
 }
 
 }  // namespace

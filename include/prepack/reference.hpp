@@ -13,5 +13,6 @@
 #include "reference/matrix.hpp"
 #include "reference/model.hpp"
 #include "reference/run.hpp"
+#include "reference/serve.hpp"
 #include "reference/weights.hpp"
 #include "reference/workspace.hpp"
