@@ -1,0 +1,300 @@
+// prepack_serve: a live request stream served by prepack::scheduler on the reference model -
+// continuous batching (decodes and prefill chunks in one step), admission by KV blocks,
+// preemption by recompute, a prefix cache across requests - with every request's time to first
+// token, time per output token and end-to-end latency on the trace's clock, and (--check) proof
+// that every request's tokens equal generating it alone.
+//
+//   prepack_serve                       built-in stream: 48 requests, Poisson arrivals
+//   prepack_serve --trace FILE          one request a line: arrival_ms max_new_tokens token ids
+//   prepack_serve --check --json        verify against generating each request alone; JSON
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "prepack/prepack.hpp"
+#include "prepack/reference.hpp"
+#include "support/cli.hpp"
+#include "support/model_flags.hpp"
+#include "support/trace.hpp"
+
+namespace ref = prepack::reference;
+using json = nlohmann::ordered_json;
+
+namespace {
+
+const char* kUsage =
+    R"(prepack_serve - continuous batching of a request stream on the reference model
+
+Requests (default: 48 of profile system-prompt, Poisson arrivals at 16 a second, 16 new tokens):
+  --trace FILE        one request a line: arrival_ms max_new_tokens token_id token_id ...
+                      ('#' starts a comment); arrivals are honoured on the trace's clock
+  --profile NAME      equal | mild | heavy | heavy-cut | one-long | few-shot | system-prompt
+  --requests N        requests to generate (default 48)
+  --rate R            arrivals a second (Poisson; 0: all at once; default 16)
+  --new-tokens N      tokens each generated request asks for (default 16)
+  --max-len N         the profile's length scale (default 256)
+  --seed S            stream and weight seed (default 1)
+Scheduler:
+  --budget N          tokens a step computes, at most (default 256)
+  --max-seqs N        sequences a step holds, at most (default 32)
+  --blocks N          KV pool blocks (default 512)
+  --block-size N      tokens a block holds (default 16)
+  --reserve N         free blocks admission leaves for running decodes (default 0)
+  --policy fcfs|packed|shortest
+                      admission: arrival order, prompts chunked (vLLM's default); whole
+                      prompts first-fit-decreasing into the room left, only what cannot fit
+                      chunked; or the shortest prompts first (default fcfs)
+  --prefix-cache on|off
+                      keep full blocks after their requests finish, for later requests with
+                      the same prefix (default on)
+Output:
+  --check             generate every request alone too; exit 1 unless every request's tokens
+                      are the same (a near-tie a rounding flips is reported, not failed)
+  --json              one JSON object on stdout
+Exit codes: 0 ok; 1 --check failed (or an internal error); 2 bad flags or input.
+)";
+
+struct options {
+  support::model_choice model;
+  std::uint64_t seed = 1;
+  prepack::scheduler_options sched;
+  bool check = false, json = false;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(at));
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
+// Each request alone: its prompt prefilled by itself, then greedy decoding. Returns, per
+// request, "" when its tokens are the same, a note for a near-tie split, or the difference.
+struct check_result {
+  std::size_t same = 0, near_ties = 0, differ = 0;
+  std::vector<std::string> notes;
+};
+
+check_result check_alone(const ref::model& m, const std::vector<ref::timed_request>& trace,
+                         const ref::serve_report& rep, const options& o) {
+  check_result out;
+  const ref::exec_options exec{o.model.threads, o.model.backend};
+  for (std::size_t i = 0; i < trace.size(); ++i) {
+    const auto& r = trace[i].r;
+    const std::vector<std::vector<int>> p{std::vector<int>(r.prompt.begin(), r.prompt.end())};
+    auto [cache, logits] = ref::prefill_alone(
+        m, p, r.max_new_tokens, {ref::attention::segment, o.model.threads, o.model.backend});
+    const ref::decode_result want =
+        ref::greedy_decode(m, cache, logits, static_cast<int>(r.max_new_tokens), exec);
+    const auto& got = rep.requests[i].generated;
+    std::size_t k = 0;
+    while (k < got.size() && k < want.tokens[0].size() && got[k] == want.tokens[0][k]) ++k;
+    if (k == want.tokens[0].size() && k == got.size()) {
+      ++out.same;
+    } else if (k < want.margins[0].size() && want.margins[0][k] < 1e-3f) {
+      ++out.near_ties;
+      out.notes.push_back("request " + std::to_string(r.id) + " parts at token " +
+                          std::to_string(k) + " on a near-tie");
+    } else {
+      ++out.differ;
+      out.notes.push_back("request " + std::to_string(r.id) + " differs at token " +
+                          std::to_string(k));
+    }
+  }
+  return out;
+}
+
+int serve_main(int argc, char** argv) {
+  const support::args a(
+      argc, argv,
+      support::with({"--trace", "--profile", "--requests", "--rate", "--new-tokens", "--max-len",
+                     "--seed", "--budget", "--max-seqs", "--blocks", "--block-size", "--reserve",
+                     "--policy", "--prefix-cache"},
+                    support::model_valued_flags()),
+      support::with({"--json", "--help", "--check"}, support::model_switches()));
+  if (a.has("--help")) {
+    std::cout << kUsage << support::model_help();
+    return 0;
+  }
+  options o;
+  o.seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, 1ll << 62));
+  o.model = support::parse_model(a, o.seed);
+  o.check = a.has("--check");
+  o.json = a.has("--json");
+  auto& so = o.sched;
+  so.token_budget = static_cast<std::size_t>(a.integer("--budget", 256, 1, 1 << 20));
+  so.max_seqs = static_cast<std::size_t>(a.integer("--max-seqs", 32, 1, 1 << 16));
+  so.n_blocks = static_cast<std::size_t>(a.integer("--blocks", 512, 1, 1 << 24));
+  so.block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 12));
+  so.reserve_blocks = static_cast<std::size_t>(a.integer("--reserve", 0, 0, 1 << 24));
+  const std::string policy = a.choice("--policy", "fcfs", {"fcfs", "packed", "shortest"});
+  so.policy = policy == "packed"     ? prepack::admission::packed
+              : policy == "shortest" ? prepack::admission::shortest_first
+                                     : prepack::admission::fcfs;
+  so.prefix_cache = a.choice("--prefix-cache", "on", {"on", "off"}) == "on";
+
+  std::vector<ref::timed_request> trace;
+  std::string source;
+  if (a.has("--trace")) {
+    for (const char* f : {"--profile", "--requests", "--rate", "--new-tokens", "--max-len"}) {
+      if (a.has(f)) throw support::usage_error(std::string(f) + " cannot be combined with --trace");
+    }
+    source = a.str("--trace", "");
+    trace = support::read_trace(source, o.model.cfg.vocab, 1 << 16);
+  } else {
+    const std::string profile = a.str("--profile", "system-prompt");
+    const auto n = static_cast<std::size_t>(a.integer("--requests", 48, 1, 1 << 20));
+    const double rate = a.real("--rate", 16.0, 0.0, 1e6);
+    const auto new_tokens = static_cast<std::size_t>(a.integer("--new-tokens", 16, 1, 1 << 16));
+    const int max_len = static_cast<int>(a.integer("--max-len", 256, 8, 1 << 16));
+    trace =
+        support::generate_trace(profile, n, rate, new_tokens, o.model.cfg.vocab, max_len, o.seed);
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "profile %s, %zu requests at %g a second, seed %llu",
+                  profile.c_str(), n, rate, static_cast<unsigned long long>(o.seed));
+    source = buf;
+  }
+  // Refused before the model is built: requests that can never fit, with their sizes.
+  {
+    prepack::scheduler probe(so);
+    for (const auto& t : trace) probe.add(t.r);
+  }
+  const ref::model m = support::build_model(o.model);
+  {  // one untimed pass first: oneDNN's kernels and the model's buffers, paid once
+    const std::vector<std::vector<int>> warm{std::vector<int>(16, 1)};
+    ref::prefill_alone(m, warm, 1, {ref::attention::segment, o.model.threads, o.model.backend});
+  }
+  prepack::scheduler s(so);
+  ref::serve_options sopt;
+  sopt.exec = {o.model.threads, o.model.backend};
+  const ref::serve_report rep = ref::serve(m, s, trace, sopt);
+  const bool conserved = s.blocks().available() == so.n_blocks;
+  check_result chk;
+  if (o.check) chk = check_alone(m, trace, rep, o);
+
+  std::vector<double> ttft, tpot, e2e;
+  std::size_t prompt_tokens = 0, generated = 0;
+  for (const auto& r : rep.requests) {
+    ttft.push_back(r.ttft_ms());
+    if (r.generated.size() > 1) tpot.push_back(r.tpot_ms());
+    e2e.push_back(r.e2e_ms());
+    prompt_tokens += r.prompt_tokens;
+    generated += r.generated.size();
+  }
+  const std::size_t useful = prompt_tokens + generated - rep.requests.size();
+  const double seconds = rep.clock_ms / 1000.0;
+  const double hit_rate = prompt_tokens ? static_cast<double>(rep.stats.cache_hit_tokens) /
+                                              static_cast<double>(prompt_tokens)
+                                        : 0.0;
+  if (o.json) {
+    json j;
+    j["source"] = source;
+    j["model"] = support::describe_json(o.model);
+    j["scheduler"] = {{"policy", policy},
+                      {"budget", so.token_budget},
+                      {"max_seqs", so.max_seqs},
+                      {"blocks", so.n_blocks},
+                      {"block_size", so.block_size},
+                      {"reserve", so.reserve_blocks},
+                      {"prefix_cache", so.prefix_cache}};
+    json& reqs = j["requests"];
+    for (const auto& r : rep.requests) {
+      reqs.push_back({{"id", r.id},
+                      {"prompt_tokens", r.prompt_tokens},
+                      {"generated", r.generated},
+                      {"arrival_ms", r.arrival_ms},
+                      {"ttft_ms", r.ttft_ms()},
+                      {"tpot_ms", r.tpot_ms()},
+                      {"e2e_ms", r.e2e_ms()},
+                      {"preemptions", r.preemptions},
+                      {"cached_prompt_tokens", r.cached_prompt_tokens}});
+    }
+    j["totals"] = {
+        {"requests", rep.requests.size()},
+        {"seconds", seconds},
+        {"steps", rep.steps},
+        {"generated_tokens", generated},
+        {"throughput_tokens_per_s", seconds > 0 ? static_cast<double>(generated) / seconds : 0},
+        {"throughput_requests_per_s",
+         seconds > 0 ? static_cast<double>(rep.requests.size()) / seconds : 0},
+        {"ttft_ms_p50", percentile(ttft, 0.5)},
+        {"ttft_ms_p99", percentile(ttft, 0.99)},
+        {"tpot_ms_p50", percentile(tpot, 0.5)},
+        {"tpot_ms_p99", percentile(tpot, 0.99)},
+        {"e2e_ms_p50", percentile(e2e, 0.5)},
+        {"e2e_ms_p99", percentile(e2e, 0.99)},
+        {"preemptions", rep.stats.preemptions},
+        {"prefix_cache_hit_tokens", rep.stats.cache_hit_tokens},
+        {"prefix_cache_hit_rate", hit_rate},
+        {"prompt_tokens", prompt_tokens},
+        {"tokens_computed", rep.stats.tokens_computed},
+        {"tokens_useful", useful},
+        {"scheduler_seconds", rep.scheduler_seconds},
+        {"forward_seconds", rep.forward_seconds},
+        {"blocks_conserved", conserved}};
+    if (o.check) {
+      j["check"] = {{"same", chk.same},
+                    {"near_ties", chk.near_ties},
+                    {"differ", chk.differ},
+                    {"tokens_match", chk.differ == 0},
+                    {"notes", chk.notes}};
+    }
+    std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  } else {
+    std::printf("prepack serve: %zu requests (%s), %zu prompt tokens\n", rep.requests.size(),
+                source.c_str(), prompt_tokens);
+    std::printf("%s\n", support::describe(o.model).c_str());
+    std::printf(
+        "scheduler: %s, budget %zu tokens, %zu sequences, %zu blocks of %zu (%.1f MiB "
+        "KV), prefix cache %s\n\n",
+        policy.c_str(), so.token_budget, so.max_seqs, so.n_blocks, so.block_size,
+        static_cast<double>(rep.kv_pool_bytes) / (1024.0 * 1024.0), so.prefix_cache ? "on" : "off");
+    std::printf("%6s %7s %5s %10s %10s %10s %9s %7s\n", "id", "prompt", "new", "ttft_ms", "tpot_ms",
+                "e2e_ms", "preempted", "cached");
+    const std::size_t shown = std::min<std::size_t>(rep.requests.size(), 12);
+    for (std::size_t i = 0; i < shown; ++i) {
+      const auto& r = rep.requests[i];
+      std::printf("%6lld %7zu %5zu %10.1f %10.2f %10.1f %9zu %7zu\n", static_cast<long long>(r.id),
+                  r.prompt_tokens, r.generated.size(), r.ttft_ms(), r.tpot_ms(), r.e2e_ms(),
+                  r.preemptions, r.cached_prompt_tokens);
+    }
+    if (shown < rep.requests.size()) std::printf("  (%zu more)\n", rep.requests.size() - shown);
+    std::printf(
+        "\n%.2f s on the trace's clock, %zu steps: %.1f tokens/s, %.2f requests/s\n"
+        "TTFT p50 %.1f ms, p99 %.1f ms; TPOT p50 %.2f ms, p99 %.2f ms; end-to-end p50 %.1f ms\n"
+        "preemptions %zu; prefix cache %zu of %zu prompt tokens (%.1f%%); computed %zu tokens for "
+        "%zu useful (%.2fx)\n"
+        "scheduler %.1f ms of %.1f ms in forward passes (%.2f%%); blocks %s\n",
+        seconds, rep.steps, seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
+        seconds > 0 ? static_cast<double>(rep.requests.size()) / seconds : 0.0,
+        percentile(ttft, 0.5), percentile(ttft, 0.99), percentile(tpot, 0.5),
+        percentile(tpot, 0.99), percentile(e2e, 0.5), rep.stats.preemptions,
+        rep.stats.cache_hit_tokens, prompt_tokens, 100.0 * hit_rate, rep.stats.tokens_computed,
+        useful, static_cast<double>(rep.stats.tokens_computed) / static_cast<double>(useful),
+        1000.0 * rep.scheduler_seconds, 1000.0 * rep.forward_seconds,
+        100.0 * rep.scheduler_seconds / std::max(rep.forward_seconds, 1e-12),
+        conserved ? "conserved (all free or cached)" : "NOT conserved");
+    if (o.check) {
+      std::printf("check: %zu of %zu requests' tokens equal generating them alone%s\n", chk.same,
+                  rep.requests.size(),
+                  chk.differ      ? "; SOME DIFFER"
+                  : chk.near_ties ? " (the rest part on near-ties)"
+                                  : "");
+      for (const auto& n : chk.notes) std::printf("  %s\n", n.c_str());
+    }
+  }
+  return (o.check && chk.differ > 0) || !conserved ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return support::guarded_main("prepack_serve", [&] { return serve_main(argc, argv); });
+}
