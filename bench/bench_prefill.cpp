@@ -48,8 +48,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -118,7 +118,8 @@ model_spec checkpoint_spec() {
   const prepack::checkpoint::info info = prepack::checkpoint::inspect(g_opt.model_path);
   // Named by its file (a model's general.name may hold spaces).
   std::string name = std::filesystem::path(g_opt.model_path).filename().string();
-  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0) name.resize(name.size() - 5);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".gguf") == 0)
+    name.resize(name.size() - 5);
   return {name.empty() ? info.name : name, info.cfg, g_opt.model_path};
 #else
   throw prepack::error("--model: this build has no checkpoint loader (needs nlohmann-json)");

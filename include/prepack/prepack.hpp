@@ -15,7 +15,7 @@
 #include "plan.hpp"
 #include "prefix.hpp"
 #include "schedule.hpp"
-#include "span.hpp"
 #include "serve.hpp"
+#include "span.hpp"
 #include "step.hpp"
 #include "unpack.hpp"
