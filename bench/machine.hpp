@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -79,6 +80,41 @@ inline double fma_peak_gflops(int threads, double seconds = 0.2) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, total_flops / s / 1e9);
   }
+  return best;
+}
+
+// GB/s that `threads` threads read from memory: the best of three passes summing a buffer far
+// larger than the caches (what a decode step's weight streaming is bounded by). Each thread sums
+// into 64 independent lanes, so the adds vectorize without reordering and memory, not the add
+// latency, bounds the loop.
+inline double read_bandwidth_gbs(int threads, std::size_t bytes = std::size_t{1} << 29) {
+  constexpr std::size_t lanes = 64;
+  const std::size_t n = bytes / sizeof(float) / lanes * lanes;
+  std::vector<float> buf(n, 1.0f);
+  double best = 0;
+  volatile float sink = 0;
+  for (int round = 0; round < 4; ++round) {
+    float total = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+#endif
+    {
+      float acc[lanes] = {};
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+      for (long i = 0; i < static_cast<long>(n); i += static_cast<long>(lanes)) {
+        const float* p = buf.data() + i;
+        for (std::size_t k = 0; k < lanes; ++k) acc[k] += p[k];
+      }
+      for (float a : acc) total += a;
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink = sink + total;
+    if (round > 0) best = std::max(best, static_cast<double>(n * sizeof(float)) / s / 1e9);
+  }
+  (void)sink;
   return best;
 }
 

@@ -1,0 +1,536 @@
+// bench_serve: serving a live request stream on the reference model, side by side in one run.
+//
+//   serve/<workload>/<method>/<rate>   a seeded stream of Poisson arrivals (64 requests, 16 new
+//                                      tokens each) served by:
+//     static-padded     static batches (up to 16 waiting requests), padded to the longest and
+//                       prefilled with a dense mask, then decoded together until all are done
+//                       (Hugging Face generate)
+//     static-prepacked  the same batches prepacked (first-fit-decreasing rows, segment
+//                       attention): the paper's setting
+//     fcfs, packed,     prepack::scheduler, continuous batching: vLLM's chunked FCFS,
+//     shortest          prepack's packing and shortest-first; "+cache" with the prefix cache on
+//   scheduler/<live>                   the scheduler's own time per step at 10^4 live requests,
+//                                      against the forward pass of a step that size
+//   decode/<seqs>                      decode steps of the large model (fp32) at 1, 8 and 32
+//                                      sequences, against the weight-streaming bound (weight
+//                                      bytes over the read bandwidth measured here)
+// Writes <report_dir>/serve.md (tables, targets), serve.csv and the chart data (gnuplot:
+// serve.gp draws TTFT p99 against the request rate, one line per method). --smoke: a tiny model
+// and one rate, for the tests.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "machine.hpp"
+#include "prepack/prepack.hpp"
+#include "prepack/reference.hpp"
+#include "support/cli.hpp"
+#include "support/trace.hpp"
+#include "support/workload.hpp"
+
+namespace ref = prepack::reference;
+
+namespace {
+
+struct options {
+  bool smoke = false, quick = false;
+  std::string report_dir = "serve-report";
+};
+options g_opt;
+
+ref::config small_config(bool tiny) {
+  ref::config c;
+  if (tiny) {
+    c.vocab = 256, c.hidden = 32, c.n_layers = 1, c.n_heads = 4, c.n_kv_heads = 2, c.ffn = 64;
+  } else {
+    c.vocab = 4096, c.hidden = 256, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 2, c.ffn = 688;
+  }
+  return c;
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(at));
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
+struct latency {
+  std::vector<double> ttft, tpot;
+  double span_ms = 0;  // first arrival to last finish
+  std::size_t generated = 0;
+  double throughput() const {
+    return span_ms > 0 ? 1000.0 * static_cast<double>(generated) / span_ms : 0;
+  }
+};
+
+// Static batching: whenever the engine is free, the requests that have arrived (up to `batch`)
+// are prefilled together (padded, or prepacked) and decoded together until all are done.
+latency serve_static(const ref::model& m, std::vector<ref::timed_request> trace, std::size_t batch,
+                     bool prepacked) {
+  using clock = std::chrono::steady_clock;
+  std::stable_sort(trace.begin(), trace.end(),
+                   [](const auto& a, const auto& b) { return a.arrival_ms < b.arrival_ms; });
+  latency out;
+  const auto t0 = clock::now();
+  double skipped = 0;
+  const auto now = [&] {
+    return std::chrono::duration<double, std::milli>(clock::now() - t0).count() + skipped;
+  };
+  std::size_t next = 0;
+  const ref::exec_options exec{0, ref::gemm_backend::automatic};
+  while (next < trace.size()) {
+    double t = now();
+    if (trace[next].arrival_ms > t) {
+      skipped += trace[next].arrival_ms - t;
+      t = now();
+    }
+    std::vector<std::vector<int>> prompts;
+    std::vector<double> arrivals;
+    std::size_t new_tokens = 0;
+    while (next < trace.size() && trace[next].arrival_ms <= t && prompts.size() < batch) {
+      const auto& r = trace[next++];
+      prompts.emplace_back(r.r.prompt.begin(), r.r.prompt.end());
+      arrivals.push_back(r.arrival_ms);
+      new_tokens = std::max(new_tokens, r.r.max_new_tokens);
+    }
+    std::vector<int> len;
+    for (const auto& p : prompts) len.push_back(static_cast<int>(p.size()));
+    const auto plan = prepacked ? prepack::first_fit_decreasing(len) : prepack::padded(len);
+    const auto layout = prepack::make_layout(plan, prompts, {m.cfg().pad_id, 0});
+    const auto r = m.prefill(layout, {prepacked ? ref::attention::segment : ref::attention::dense,
+                                      exec.n_threads, exec.backend});
+    auto cache = ref::unpack_caches(m, layout, r, new_tokens);
+    const double first = now();
+    ref::greedy_decode(m, cache, r.logits, static_cast<int>(new_tokens), exec);
+    const double done = now();
+    for (double a : arrivals) {
+      out.ttft.push_back(first - a);
+      if (new_tokens > 1) out.tpot.push_back((done - first) / static_cast<double>(new_tokens - 1));
+    }
+    out.generated += new_tokens * prompts.size();
+    out.span_ms = done - trace.front().arrival_ms;
+  }
+  return out;
+}
+
+latency serve_continuous(const ref::model& m, const std::vector<ref::timed_request>& trace,
+                         prepack::admission policy, bool cache) {
+  prepack::scheduler_options so;
+  so.token_budget = 512;
+  so.max_seqs = 64;
+  so.n_blocks = 4096;
+  so.block_size = 16;
+  so.policy = policy;
+  so.prefix_cache = cache;
+  prepack::scheduler s(so);
+  const ref::serve_report rep = ref::serve(m, s, trace);
+  latency out;
+  double first_arrival = 1e300, last = 0;
+  for (const auto& r : rep.requests) {
+    out.ttft.push_back(r.ttft_ms());
+    if (r.generated.size() > 1) out.tpot.push_back(r.tpot_ms());
+    out.generated += r.generated.size();
+    first_arrival = std::min(first_arrival, r.arrival_ms);
+    last = std::max(last, r.finish_ms);
+  }
+  out.span_ms = last - first_arrival;
+  return out;
+}
+
+struct serve_row {
+  std::string workload, method;
+  double rate = 0;
+  latency lat;
+};
+std::vector<serve_row> g_serve;
+struct sched_row {
+  std::size_t live = 0;
+  double sched_ms = 0, forward_ms = 0;
+};
+std::vector<sched_row> g_sched;
+struct decode_row {
+  std::size_t seqs = 0;
+  double step_ms = 0, bound_ms = 0, compute_ms = 0, bandwidth = 0, peak = 0, weight_mb = 0;
+};
+std::vector<decode_row> g_decode;
+machine::cpu_times g_t0;
+
+void register_serve() {
+  static std::vector<std::unique_ptr<ref::model>> keep;
+  keep.push_back(std::make_unique<ref::model>(small_config(g_opt.smoke), 7));
+  const ref::model* m = keep.back().get();
+  // Warm up once (oneDNN's kernels, the model's buffers).
+  ref::prefill_alone(*m, std::vector<std::vector<int>>{std::vector<int>(32, 1)}, 1);
+  const std::vector<std::string> workloads =
+      g_opt.smoke ? std::vector<std::string>{"heavy-cut"}
+                  : std::vector<std::string>{"heavy-cut", "few-shot", "system-prompt"};
+  const std::vector<double> rates = g_opt.smoke ? std::vector<double>{8}
+                                    : g_opt.quick
+                                        ? std::vector<double>{4, 32, 256}
+                                        : std::vector<double>{2, 4, 8, 16, 32, 64, 128, 256, 512};
+  const std::size_t n = g_opt.smoke ? 12 : 64;
+  const int max_len = g_opt.smoke ? 48 : 512;
+  const std::vector<std::string> methods{"static-padded", "static-prepacked", "fcfs",
+                                         "packed",        "shortest",         "fcfs+cache",
+                                         "packed+cache"};
+  for (const std::string& w : workloads) {
+    for (double rate : rates) {
+      const auto trace = support::generate_trace(w, n, rate, 16, m->cfg().vocab, max_len, 11);
+      for (const std::string& me : methods) {
+        const std::string name =
+            "serve/" + w + "/" + me + "/" + std::to_string(static_cast<int>(rate));
+        benchmark::RegisterBenchmark(
+            name.c_str(),
+            [=](benchmark::State& state) {
+              latency lat;
+              for (auto _ : state) {
+                if (me == "static-padded") {
+                  lat = serve_static(*m, trace, 16, false);
+                } else if (me == "static-prepacked") {
+                  lat = serve_static(*m, trace, 16, true);
+                } else {
+                  const auto pol = me.rfind("packed", 0) == 0 ? prepack::admission::packed
+                                   : me.rfind("shortest", 0) == 0
+                                       ? prepack::admission::shortest_first
+                                       : prepack::admission::fcfs;
+                  lat = serve_continuous(*m, trace, pol, me.find("+cache") != std::string::npos);
+                }
+                state.SetIterationTime(lat.span_ms / 1000.0);
+              }
+              state.counters["ttft_p50_ms"] = percentile(lat.ttft, 0.5);
+              state.counters["ttft_p99_ms"] = percentile(lat.ttft, 0.99);
+              state.counters["tpot_p50_ms"] = percentile(lat.tpot, 0.5);
+              state.counters["tpot_p99_ms"] = percentile(lat.tpot, 0.99);
+              state.counters["tokens_per_s"] = lat.throughput();
+              g_serve.push_back({w, me, rate, lat});
+            })
+            ->Iterations(1)
+            ->UseManualTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+}
+
+// The scheduler alone at `live` requests: steps of 512 tokens, 256 sequences, with an engine
+// that samples token 1; its time per step against a forward pass of the same shape.
+void register_scheduler() {
+  const std::size_t live = g_opt.smoke ? 500 : 10000;
+  benchmark::RegisterBenchmark(
+      ("scheduler/" + std::to_string(live)).c_str(),
+      [=](benchmark::State& state) {
+        static const ref::model m(small_config(g_opt.smoke), 7);
+        double sched_s = 0, forward_s = 0;
+        for (auto _ : state) {
+          prepack::scheduler_options so;
+          so.token_budget = 512;
+          so.max_seqs = 256;
+          so.block_size = 16;
+          so.n_blocks = live * 8;
+          so.policy = prepack::admission::packed;
+          prepack::scheduler s(so);
+          prepack::detail::splitmix g(5);
+          for (std::size_t i = 0; i < live; ++i) {
+            prepack::request r;
+            r.id = static_cast<std::int64_t>(i);
+            r.prompt.assign(16 + g.next() % 96, static_cast<std::int32_t>(g.next() % 200));
+            r.max_new_tokens = 64;
+            s.add(std::move(r));
+          }
+          std::vector<std::int32_t> sampled;
+          prepack::step_inputs<> last;
+          std::size_t steps = 0;
+          const auto t0 = std::chrono::steady_clock::now();
+          // 200 steps (or until the stream drains); the shape of the last is measured below.
+          for (; steps < 200 && !s.idle(); ++steps) {
+            auto st = s.next_step();
+            sampled.assign(st.n_samples, 1);
+            s.commit(prepack::span<const std::int32_t>(sampled));
+            last = std::move(st.inputs);
+          }
+          sched_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
+                    static_cast<double>(steps);
+          // A forward pass of the last step's shape (its sequences' contexts and chunks), on a pool
+          // holding just those sequences.
+          std::vector<std::size_t> room;
+          for (std::size_t q = 0; q < last.n_seqs(); ++q)
+            room.push_back(static_cast<std::size_t>(last.seq_lens[q]));
+          ref::paged_cache cache = ref::make_cache(m.cfg(), room, 16);
+          prepack::step_builder<> b(16, cache.pool.n_blocks(),
+                                    [](std::size_t q) { return std::to_string(q); });
+          for (std::size_t q = 0; q < last.n_seqs(); ++q) {
+            const auto ctx = static_cast<std::size_t>(last.context_lens[q]);
+            for (std::size_t p = 0; p < ctx; ++p) {
+              cache.pool.record_write(cache.seqs[q].slot(p, 16), static_cast<std::int64_t>(p));
+            }
+            const std::vector<std::int32_t> toks(static_cast<std::size_t>(last.query_lens[q]), 1);
+            b.add(q, static_cast<std::int64_t>(q), ctx, prepack::span<const std::int32_t>(toks),
+                  prepack::span<const std::int32_t>(cache.seqs[q].blocks), last.completes[q] != 0,
+                  last.decodes[q] != 0, ctx + toks.size());
+          }
+          const auto in = std::move(b).finish();
+          m.forward(in, cache.pool);
+          const auto t1 = std::chrono::steady_clock::now();
+          for (int k = 0; k < 3; ++k) m.forward(in, cache.pool);
+          forward_s =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count() / 3;
+          state.SetIterationTime(sched_s);
+        }
+        state.counters["scheduler_ms"] = 1000 * sched_s;
+        state.counters["forward_ms"] = 1000 * forward_s;
+        state.counters["share"] = sched_s / forward_s;
+        g_sched.push_back({live, 1000 * sched_s, 1000 * forward_s});
+      })
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+}
+
+// Decode steps of the large model against the weight-streaming bound.
+void register_decode() {
+  ref::config c;
+  if (g_opt.smoke) {
+    c = small_config(true);
+  } else {
+    c.vocab = 32000, c.hidden = 1024, c.n_layers = 8, c.n_heads = 16, c.n_kv_heads = 4;
+    c.head_dim = 64, c.ffn = 2816;
+  }
+  static double bandwidth = 0, peak = 0;
+  for (std::size_t seqs : {std::size_t{1}, std::size_t{8}, std::size_t{32}}) {
+    benchmark::RegisterBenchmark(
+        ("decode/" + std::to_string(seqs)).c_str(),
+        [=](benchmark::State& state) {
+          static std::unique_ptr<ref::model> m;
+          if (!m) m = std::make_unique<ref::model>(c, 3);
+          if (bandwidth == 0) {
+            bandwidth = machine::read_bandwidth_gbs(ref::threads_for(0));
+            peak = machine::fma_peak_gflops(ref::threads_for(0));
+          }
+          const auto prompts = support::generate_prompts(std::vector<int>(seqs, 128), c.vocab, 4);
+          auto [cache, logits] = ref::prefill_alone(*m, prompts, 64);
+          std::vector<int> next(seqs, 1);
+          double best = 1e300;
+          for (auto _ : state) {
+            for (int k = 0; k < 8; ++k) {
+              const auto in = ref::decode_step(cache, next);
+              const auto t0 = std::chrono::steady_clock::now();
+              m->forward(in, cache.pool);
+              best = std::min(
+                  best,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+              for (auto& s : cache.seqs) ++s.length;
+            }
+            state.SetIterationTime(best);
+          }
+          // Bytes a decode step streams: every weight but the rows of an untied embedding table
+          // it does not touch. Its FLOPs: two per weight (fp32) per sequence.
+          const double table = c.tied_embeddings ? 0.0
+                                                 : 4.0 * static_cast<double>(c.vocab) *
+                                                       static_cast<double>(c.hidden);
+          const double bytes = static_cast<double>(m->weight_bytes()) - table;
+          const double bound = bytes / (bandwidth * 1e9);
+          const double compute = 2.0 * (bytes / 4.0) * static_cast<double>(seqs) / (peak * 1e9);
+          state.counters["step_ms"] = 1000 * best;
+          state.counters["bound_ms"] = 1000 * bound;
+          state.counters["compute_ms"] = 1000 * compute;
+          state.counters["ratio"] = best / bound;
+          g_decode.push_back(
+              {seqs, 1000 * best, 1000 * bound, 1000 * compute, bandwidth, peak, bytes / 1e6});
+        })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+void write_report() {
+  namespace fs = std::filesystem;
+  const std::string& dir = g_opt.report_dir;
+  fs::create_directories(dir);
+  std::ofstream csv(dir + "/serve.csv");
+  csv << "workload,method,rate,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s\n";
+  std::map<std::string, std::map<std::string, std::map<double, const serve_row*>>> by;
+  for (const serve_row& r : g_serve) {
+    csv << r.workload << ',' << r.method << ',' << r.rate << ',' << percentile(r.lat.ttft, 0.5)
+        << ',' << percentile(r.lat.ttft, 0.99) << ',' << percentile(r.lat.tpot, 0.5) << ','
+        << percentile(r.lat.tpot, 0.99) << ',' << r.lat.throughput() << '\n';
+    by[r.workload][r.method][r.rate] = &r;
+  }
+  std::ofstream md(dir + "/serve.md");
+  const machine::cpu_times t1 = machine::cpu_times::now();
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "Serving benchmark: 64 requests a stream, 16 new tokens each, Poisson arrivals; "
+                "continuous methods with a budget of 512 tokens, 64 sequences, 4096 blocks of 16. "
+                "Other processes used %.1f%% of the machine's CPU time during the run.\n\n",
+                100 * machine::others_share(g_t0, t1));
+  md << buf;
+  std::vector<std::string> targets;
+  for (const auto& [w, methods] : by) {
+    md << "### " << w << ": TTFT p50 / p99 (ms), TPOT p50 / p99 (ms), throughput (tokens/s)\n\n";
+    md << "| rate (req/s) |";
+    for (const auto& [me, _] : methods) md << ' ' << me << " |";
+    md << "\n|---|";
+    for (std::size_t k = 0; k < methods.size(); ++k) md << "---|";
+    md << '\n';
+    std::set<double> rates;
+    for (const auto& [me, rs] : methods) {
+      for (const auto& [rate, _] : rs) rates.insert(rate);
+    }
+    for (double rate : rates) {
+      std::snprintf(buf, sizeof buf, "| %g |", rate);
+      md << buf;
+      for (const auto& [me, rs] : methods) {
+        const auto it = rs.find(rate);
+        if (it == rs.end()) {
+          md << " |";
+          continue;
+        }
+        const latency& l = it->second->lat;
+        std::snprintf(buf, sizeof buf, " %.3g / %.3g, %.3g / %.3g, %.0f |", percentile(l.ttft, 0.5),
+                      percentile(l.ttft, 0.99), percentile(l.tpot, 0.5), percentile(l.tpot, 0.99),
+                      l.throughput());
+        md << buf;
+      }
+      md << '\n';
+    }
+    md << '\n';
+    // The chart's data: rate, then TTFT p99 of each method.
+    std::ofstream dat(dir + "/serve_" + w + ".dat");
+    dat << "# rate";
+    for (const auto& [me, _] : methods) dat << ' ' << me;
+    dat << '\n';
+    for (double rate : rates) {
+      dat << rate;
+      for (const auto& [me, rs] : methods) {
+        const auto it = rs.find(rate);
+        dat << ' ' << (it == rs.end() ? std::nan("") : percentile(it->second->lat.ttft, 0.99));
+      }
+      dat << '\n';
+    }
+    // Targets: the highest rate FCFS holds under 5x its unloaded TTFT p99.
+    const auto fc = methods.find("fcfs"), pk = methods.find("packed");
+    if (fc != methods.end() && pk != methods.end() && !fc->second.empty()) {
+      const double unloaded = percentile(fc->second.begin()->second->lat.ttft, 0.99);
+      double held = -1;
+      for (const auto& [rate, r] : fc->second) {
+        if (percentile(r->lat.ttft, 0.99) <= 5 * unloaded) held = rate;
+      }
+      if (held >= 0 && pk->second.count(held)) {
+        const latency& a = fc->second.at(held)->lat;
+        const latency& b = pk->second.at(held)->lat;
+        const double tp = b.throughput() / a.throughput();
+        const double tt = percentile(b.ttft, 0.99) / percentile(a.ttft, 0.99);
+        std::snprintf(buf, sizeof buf,
+                      "| %s: at %g req/s (the highest FCFS holds under 5x its unloaded TTFT p99 "
+                      "of %.0f ms), packed >= 1.2x FCFS's throughput or <= 0.8x its TTFT p99 | "
+                      "throughput %.2fx, TTFT p99 %.2fx | %s |",
+                      w.c_str(), held, unloaded, tp, tt, tp >= 1.2 || tt <= 0.8 ? "met" : "missed");
+        targets.push_back(buf);
+      }
+    }
+    if (w == "few-shot") {
+      const auto a = methods.find("packed"), b = methods.find("packed+cache");
+      if (a != methods.end() && b != methods.end() && !a->second.empty()) {
+        const double rate = a->second.rbegin()->first;
+        const double ratio =
+            b->second.at(rate)->lat.throughput() / a->second.at(rate)->lat.throughput();
+        std::snprintf(buf, sizeof buf,
+                      "| few-shot at %g req/s: packed with the prefix cache >= 2x its throughput "
+                      "without | %.2fx | %s |",
+                      rate, ratio, ratio >= 2 ? "met" : "missed");
+        targets.push_back(buf);
+      }
+    }
+  }
+  for (const sched_row& s : g_sched) {
+    std::snprintf(buf, sizeof buf,
+                  "| the scheduler's time under 2%% of the step's at %zu live requests | %.3f ms "
+                  "of a %.1f ms forward pass: %.2f%% | %s |",
+                  s.live, s.sched_ms, s.forward_ms, 100 * s.sched_ms / s.forward_ms,
+                  s.sched_ms <= 0.02 * s.forward_ms ? "met" : "missed");
+    targets.push_back(buf);
+  }
+  if (!g_decode.empty()) {
+    md << "### Decode steps of the large model (fp32) against the weight-streaming bound\n\n"
+       << "A step streams " << g_decode[0].weight_mb << " MB of weights (all but the untied "
+       << "embedding table) at the " << g_decode[0].bandwidth << " GB/s read bandwidth measured "
+       << "here: the bound. Its FLOPs at the " << g_decode[0].peak << " GFLOP/s FMA peak measured "
+       << "here: the compute floor, which passes the bound where the sequences are many.\n\n"
+       << "| sequences | step ms | streaming bound ms | ratio | compute floor ms | ratio to "
+          "max(bound, floor) |\n|---|---|---|---|---|---|\n";
+    for (const decode_row& d : g_decode) {
+      const double roof = std::max(d.bound_ms, d.compute_ms);
+      std::snprintf(buf, sizeof buf, "| %zu | %.2f | %.2f | %.2fx | %.2f | %.2fx |\n", d.seqs,
+                    d.step_ms, d.bound_ms, d.step_ms / d.bound_ms, d.compute_ms, d.step_ms / roof);
+      md << buf;
+      std::snprintf(buf, sizeof buf,
+                    "| decode at %zu sequences within 1.3x of the weight-streaming bound | %.2fx "
+                    "(%.2fx of max(bound, compute floor)) | %s |",
+                    d.seqs, d.step_ms / d.bound_ms, d.step_ms / roof,
+                    d.step_ms <= 1.3 * d.bound_ms ? "met" : "missed");
+      targets.push_back(buf);
+    }
+    md << '\n';
+  }
+  md << "### Targets\n\n| target | measured | verdict |\n|---|---|---|\n";
+  for (const std::string& t : targets) md << t << '\n';
+  std::ofstream gp(dir + "/serve.gp");
+  gp << "set terminal pngcairo size 900,560\nset key top left\nset logscale x 2\n"
+        "set xlabel 'requests per second'\nset ylabel 'TTFT p99 (ms)'\nset logscale y\n";
+  for (const auto& [w, methods] : by) {
+    gp << "set output 'serve_" << w << "_ttft.png'\nset title 'TTFT p99, " << w << "'\nplot ";
+    std::size_t k = 0;
+    for (const auto& [me, _] : methods) {
+      gp << (k ? ", " : "") << "'serve_" << w << ".dat' using 1:" << k + 2
+         << " with linespoints title '" << me << "'";
+      ++k;
+    }
+    gp << '\n';
+  }
+  std::printf("serving report written to %s\n", dir.c_str());
+}
+
+int run(int argc, char** argv) {
+  std::vector<char*> rest{argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--smoke") {
+      g_opt.smoke = true;
+    } else if (a == "--quick") {
+      g_opt.quick = true;
+    } else if (a.rfind("--report_dir=", 0) == 0) {
+      g_opt.report_dir = a.substr(13);
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int n = static_cast<int>(rest.size());
+  benchmark::Initialize(&n, rest.data());
+  if (benchmark::ReportUnrecognizedArguments(n, rest.data())) return 2;
+  g_t0 = machine::cpu_times::now();
+  register_serve();
+  register_scheduler();
+  register_decode();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  write_report();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return support::guarded_main("bench_serve", [&] { return run(argc, argv); });
+}
