@@ -210,12 +210,6 @@ workload load_workload(const support::args& a, const options& o) {
   return w;
 }
 
-std::string mib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
-  return buf;
-}
-
 // Refuses a workload that cannot fit, before allocating anything for it: the weights, the
 // prompts, and the larger of the two prefills with its layout arrays and the caches.
 void admit(const options& o, const workload& w, const prepack::pack_plan<int>& plan) {
@@ -232,17 +226,11 @@ void admit(const options& o, const workload& w, const prepack::pack_plan<int>& p
       2.0 * c.n_layers * static_cast<double>(c.kv_dim()) * sizeof(float) *
       static_cast<double>(w.tokens() + w.lengths.size() *
                                            (static_cast<std::size_t>(o.new_tokens) + o.block_size));
-  const double peak =
-      ref::weight_bytes(c) + 2.0 * static_cast<double>(w.tokens() * sizeof(int)) + 2 * caches +
+  const double workload =
+      2.0 * static_cast<double>(w.tokens() * sizeof(int)) + 2 * caches +
       std::max(need(w.lengths.size(), static_cast<std::size_t>(w.longest()), ref::attention::dense),
                need(plan.n_rows(), static_cast<std::size_t>(plan.capacity), o.path));
-  const double machine =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
-  if (machine > 0 && peak > 0.8 * machine) {
-    throw support::usage_error("this workload needs about " + mib(peak) +
-                               ", more than 80% of the " + mib(machine) +
-                               " of memory here; use fewer or shorter prompts or a smaller model");
-  }
+  support::admit_memory(o.model, workload, "use fewer or shorter prompts or a smaller model");
 }
 
 // One untimed pass first: the first pass of a process pays for what every later one reuses
@@ -591,7 +579,8 @@ void report_text(const options& o, const workload& w, const plan_facts& f, outco
   std::printf("\n%-36s %8s %12s %10s %10s\n", "", "seconds", "peak memory", "vs padded", "memory");
   for (const outcome* x : r.all()) {
     std::printf("%-36s %8.3f %12s %9.2fx %9.2fx\n", x->label.c_str(), x->seconds,
-                mib(static_cast<double>(x->peak_bytes)).c_str(), r.padded.seconds / x->seconds,
+                support::mib(static_cast<double>(x->peak_bytes)).c_str(),
+                r.padded.seconds / x->seconds,
                 static_cast<double>(r.padded.peak_bytes) / static_cast<double>(x->peak_bytes));
   }
   if (o.model.options.weights == ref::weight_type::bf16) {

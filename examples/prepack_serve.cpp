@@ -166,6 +166,12 @@ int serve_main(int argc, char** argv) {
     prepack::scheduler probe(so);
     for (const auto& t : trace) probe.add(t.r);
   }
+  {  // and so is a pool or a model this machine cannot hold
+    const ref::config& c = o.model.cfg;
+    const double pool = 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.kv_dim()) *
+                        sizeof(float) * static_cast<double>(so.n_blocks * so.block_size);
+    support::admit_memory(o.model, pool, "use fewer --blocks or a smaller --block-size");
+  }
   const ref::model m = support::build_model(o.model);
   {  // one untimed pass first: oneDNN's kernels and the model's buffers, paid once
     const std::vector<std::vector<int>> warm{std::vector<int>(16, 1)};

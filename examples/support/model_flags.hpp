@@ -5,10 +5,14 @@
 // (--backend) with a thread count (--threads). Not part of the library.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <set>
 #include <string>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -40,8 +44,9 @@ inline const char* model_help() {
        head dim 32, ffn 688, rope theta 10000, seeded weights):
   --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
   --rope-theta X
-  --model PATH        a real checkpoint instead: a .gguf file (llama, qwen2) or a Hugging Face
-                      model directory (config.json + safetensors)
+  --model PATH        a real checkpoint instead: a .gguf file (llama, qwen2, qwen3; F32, F16,
+                      BF16 or ggml's quantized blocks) or a Hugging Face model directory
+                      (config.json + safetensors)
   --bf16              hold the projection weights in bf16 (activations rounded to bf16,
                       products accumulated in fp32; native where oneDNN runs bf16 here,
                       emulated elsewhere, and the output says which)
@@ -100,6 +105,60 @@ inline model_choice parse_model(const args& a, std::uint64_t seed) {
                                                  : ref::gemm_backend::automatic);
   m.threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
   return m;
+}
+
+/// Bytes the model's weights hold once built (fp32; bf16 weights keep the bf16-rounded fp32
+/// values and, where oneDNN runs bf16 here, its bf16 copy too: 6 bytes a weight) and at the
+/// peak of building them (a checkpoint's converted fp32 weights and the model's fused copies
+/// side by side: twice the fp32 bytes). Quantized checkpoints convert to fp32 at load, so the
+/// file's size says nothing about these.
+struct weight_memory {
+  double held = 0, building = 0;
+};
+inline weight_memory estimate_weights(const model_choice& m) {
+  const double f32 = ref::weight_bytes(m.cfg);
+  weight_memory w;
+  w.held = m.options.weights == ref::weight_type::bf16 ? 1.5 * f32 : f32;
+  w.building = m.path.empty() ? w.held : std::max(w.held, 2.0 * f32);
+  return w;
+}
+
+/// The machine's physical memory in bytes (0 if unknown).
+inline double machine_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<double>(pages) * static_cast<double>(size) : 0.0;
+}
+
+inline std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1024.0 * 1024.0));
+  return buf;
+}
+
+/// Refuses, before a weight is allocated, a run whose peak (the weights' estimate above plus
+/// `other` bytes) would pass 80% of this machine's memory: usage_error naming the sizes and
+/// what would fit instead (`remedy` for the workload's part).
+inline void admit_memory(const model_choice& m, double other, const std::string& remedy) {
+  const weight_memory w = estimate_weights(m);
+  const double peak = std::max(w.building, w.held + other);
+  const double machine = machine_memory();
+  if (machine <= 0 || peak <= 0.8 * machine) return;
+  std::string what =
+      "this workload needs about " + mib(peak) + ", more than 80% of the " + mib(machine) +
+      " of memory here (the weights " + mib(w.held) +
+      (m.path.empty() ? std::string() : ", " + mib(w.building) + " while loading the checkpoint") +
+      "); ";
+  if (w.building > 0.8 * machine) {
+    what += "use a smaller model";
+    if (!m.path.empty()) {
+      what +=
+          " (quantized weights are converted to fp32 at load, so a smaller quantization of "
+          "the same model needs as much)";
+    }
+  } else {
+    what += remedy;
+  }
+  throw usage_error(what);
 }
 
 /// The model's weights: loaded from the checkpoint, or seeded. Throws prepack::error for a bad
