@@ -418,7 +418,7 @@ TEST(ServeLoop, EveryRequestEqualsRunningItAlone) {
   int trial = 0;
   for (prepack::admission pol :
        {prepack::admission::fcfs, prepack::admission::packed, prepack::admission::shortest_first}) {
-    for (std::size_t bs : {1, 3, 16}) {
+    for (const std::size_t bs : {std::size_t{1}, std::size_t{3}, std::size_t{16}}) {
       for (bool cache : {true, false}) {
         ++trial;
         ref::config c = test::random_config(rng);
