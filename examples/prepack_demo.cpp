@@ -49,7 +49,8 @@ Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1):
   --text FILE         one prompt per line as UTF-8 text (leading spaces kept; \n, \t, \\
                       escapes), tokenized by --model's own tokenizer; continuations are
                       printed as text
-  --tokenize FILE     print each line's token ids under --model's tokenizer (no BOS) and exit;
+  --tokenize FILE     print each line's token ids under --model's tokenizer (no BOS; an empty
+                      line gives an empty line) and exit;
                       works on a vocabulary-only GGUF
   --profile NAME      equal | mild | heavy | heavy-cut | one-long, or, with shared prefixes in
                       the token ids, few-shot | system-prompt
@@ -646,7 +647,8 @@ int tokenize(const support::args& a) {
   const std::string model = a.str("--model", "");
   if (model.empty()) throw support::usage_error("--tokenize needs --model (its tokenizer)");
   const auto tok = prepack::text::load_tokenizer(model);
-  for (const auto& line : support::read_text_lines(a.str("--tokenize", ""))) {
+  for (const auto& line :
+       support::read_text_lines(a.str("--tokenize", ""), support::line_kind::texts)) {
     const auto ids = tok.encode(line.text, {false});
     std::string out;
     for (std::int32_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);

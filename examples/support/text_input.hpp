@@ -18,9 +18,12 @@ struct text_line {
   std::string text;      // the escapes undone
 };
 
-/// The prompts of a text file. Throws usage_error naming the file and line for a file that
-/// cannot be read, an empty line, an unknown escape, or bytes that are not UTF-8.
-inline std::vector<text_line> read_text_lines(const std::string& file) {
+/// The prompts of a text file (with `texts`: any lines, empty ones included, for tokenizing).
+/// Throws usage_error naming the file and line for a file that cannot be read, an unknown
+/// escape, bytes that are not UTF-8, and for prompts an empty line or no line at all.
+enum class line_kind { prompts, texts };
+inline std::vector<text_line> read_text_lines(const std::string& file,
+                                              line_kind kind = line_kind::prompts) {
   std::ifstream in(file, std::ios::binary);
   if (!in) throw usage_error("cannot open '" + file + "'");
   std::vector<text_line> out;
@@ -52,11 +55,11 @@ inline std::vector<text_line> read_text_lines(const std::string& file) {
       }
       ++k;
     }
-    if (t.empty()) throw usage_error(where + ": empty prompt");
+    if (t.empty() && kind == line_kind::prompts) throw usage_error(where + ": empty prompt");
     out.push_back({n, std::move(t)});
   }
   if (in.bad()) throw usage_error(file + ": read error");
-  if (out.empty()) throw usage_error(file + ": no prompts");
+  if (out.empty() && kind == line_kind::prompts) throw usage_error(file + ": no prompts");
   return out;
 }
 

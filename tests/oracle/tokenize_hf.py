@@ -41,6 +41,8 @@ TEXTS = [
     "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
     "http://example.com/path?q=1&r=2#frag",
     "$$ \\frac{a}{b} $$ and ``quotes'' and \"double\"",
+    "", " ", "  ", "\n", " \n\n ", "ied 4 \u00bd months", "F\u00fchrer", "   Hello\n    Hello",
+    "3333333 33333333", "\U0001F680 (rocket) \U0001F636\u200d\U0001F32B\ufe0f (joined) \u2705",
 ]
 
 
