@@ -211,8 +211,9 @@ inline void scale_min_k4(int j, const unsigned char* q, unsigned& d, unsigned& m
     d = q[j] & 63u;
     m = q[j + 4] & 63u;
   } else {
-    d = (q[j + 4] & 0xFu) | ((q[j - 4] >> 6) << 4);
-    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    const unsigned hi = q[j + 4], lo_d = q[j - 4], lo_m = q[j];
+    d = (hi & 0xFu) | ((lo_d >> 6) << 4);
+    m = (hi >> 4) | ((lo_m >> 6) << 4);
   }
 }
 
