@@ -56,15 +56,6 @@ ref::config small_config(bool tiny) {
   return c;
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double at = p * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(at));
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
-}
-
 struct latency {
   std::vector<double> ttft, tpot;
   double span_ms = 0;  // first arrival to last finish
@@ -208,10 +199,10 @@ void register_serve() {
                 }
                 state.SetIterationTime(lat.span_ms / 1000.0);
               }
-              state.counters["ttft_p50_ms"] = percentile(lat.ttft, 0.5);
-              state.counters["ttft_p99_ms"] = percentile(lat.ttft, 0.99);
-              state.counters["tpot_p50_ms"] = percentile(lat.tpot, 0.5);
-              state.counters["tpot_p99_ms"] = percentile(lat.tpot, 0.99);
+              state.counters["ttft_p50_ms"] = support::percentile(lat.ttft, 0.5);
+              state.counters["ttft_p99_ms"] = support::percentile(lat.ttft, 0.99);
+              state.counters["tpot_p50_ms"] = support::percentile(lat.tpot, 0.5);
+              state.counters["tpot_p99_ms"] = support::percentile(lat.tpot, 0.99);
               state.counters["tokens_per_s"] = lat.throughput();
               g_serve.push_back({w, me, rate, lat});
             })
@@ -362,9 +353,10 @@ void write_report() {
   csv << "workload,method,rate,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s\n";
   std::map<std::string, std::map<std::string, std::map<double, const serve_row*>>> by;
   for (const serve_row& r : g_serve) {
-    csv << r.workload << ',' << r.method << ',' << r.rate << ',' << percentile(r.lat.ttft, 0.5)
-        << ',' << percentile(r.lat.ttft, 0.99) << ',' << percentile(r.lat.tpot, 0.5) << ','
-        << percentile(r.lat.tpot, 0.99) << ',' << r.lat.throughput() << '\n';
+    csv << r.workload << ',' << r.method << ',' << r.rate << ','
+        << support::percentile(r.lat.ttft, 0.5) << ',' << support::percentile(r.lat.ttft, 0.99)
+        << ',' << support::percentile(r.lat.tpot, 0.5) << ','
+        << support::percentile(r.lat.tpot, 0.99) << ',' << r.lat.throughput() << '\n';
     by[r.workload][r.method][r.rate] = &r;
   }
   std::ofstream md(dir + "/serve.md");
@@ -398,8 +390,9 @@ void write_report() {
           continue;
         }
         const latency& l = it->second->lat;
-        std::snprintf(buf, sizeof buf, " %.3g / %.3g, %.3g / %.3g, %.0f |", percentile(l.ttft, 0.5),
-                      percentile(l.ttft, 0.99), percentile(l.tpot, 0.5), percentile(l.tpot, 0.99),
+        std::snprintf(buf, sizeof buf, " %.3g / %.3g, %.3g / %.3g, %.0f |",
+                      support::percentile(l.ttft, 0.5), support::percentile(l.ttft, 0.99),
+                      support::percentile(l.tpot, 0.5), support::percentile(l.tpot, 0.99),
                       l.throughput());
         md << buf;
       }
@@ -415,23 +408,24 @@ void write_report() {
       dat << rate;
       for (const auto& [me, rs] : methods) {
         const auto it = rs.find(rate);
-        dat << ' ' << (it == rs.end() ? std::nan("") : percentile(it->second->lat.ttft, 0.99));
+        dat << ' '
+            << (it == rs.end() ? std::nan("") : support::percentile(it->second->lat.ttft, 0.99));
       }
       dat << '\n';
     }
     // Targets: the highest rate FCFS holds under 5x its unloaded TTFT p99.
     const auto fc = methods.find("fcfs"), pk = methods.find("packed");
     if (fc != methods.end() && pk != methods.end() && !fc->second.empty()) {
-      const double unloaded = percentile(fc->second.begin()->second->lat.ttft, 0.99);
+      const double unloaded = support::percentile(fc->second.begin()->second->lat.ttft, 0.99);
       double held = -1;
       for (const auto& [rate, r] : fc->second) {
-        if (percentile(r->lat.ttft, 0.99) <= 5 * unloaded) held = rate;
+        if (support::percentile(r->lat.ttft, 0.99) <= 5 * unloaded) held = rate;
       }
       if (held >= 0 && pk->second.count(held)) {
         const latency& a = fc->second.at(held)->lat;
         const latency& b = pk->second.at(held)->lat;
         const double tp = b.throughput() / a.throughput();
-        const double tt = percentile(b.ttft, 0.99) / percentile(a.ttft, 0.99);
+        const double tt = support::percentile(b.ttft, 0.99) / support::percentile(a.ttft, 0.99);
         std::snprintf(buf, sizeof buf,
                       "| %s: at %g req/s (the highest FCFS holds under 5x its unloaded TTFT p99 "
                       "of %.0f ms), packed >= 1.2x FCFS's throughput or <= 0.8x its TTFT p99 | "

@@ -66,15 +66,6 @@ struct options {
   bool check = false, json = false;
 };
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double at = p * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<std::size_t>(std::floor(at));
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
-}
-
 // Each request alone: its prompt prefilled by itself, then greedy decoding. Returns, per
 // request, "" when its tokens are the same, a note for a near-tie split, or the difference.
 struct check_result {
@@ -230,12 +221,12 @@ int serve_main(int argc, char** argv) {
         {"throughput_tokens_per_s", seconds > 0 ? static_cast<double>(generated) / seconds : 0},
         {"throughput_requests_per_s",
          seconds > 0 ? static_cast<double>(rep.requests.size()) / seconds : 0},
-        {"ttft_ms_p50", percentile(ttft, 0.5)},
-        {"ttft_ms_p99", percentile(ttft, 0.99)},
-        {"tpot_ms_p50", percentile(tpot, 0.5)},
-        {"tpot_ms_p99", percentile(tpot, 0.99)},
-        {"e2e_ms_p50", percentile(e2e, 0.5)},
-        {"e2e_ms_p99", percentile(e2e, 0.99)},
+        {"ttft_ms_p50", support::percentile(ttft, 0.5)},
+        {"ttft_ms_p99", support::percentile(ttft, 0.99)},
+        {"tpot_ms_p50", support::percentile(tpot, 0.5)},
+        {"tpot_ms_p99", support::percentile(tpot, 0.99)},
+        {"e2e_ms_p50", support::percentile(e2e, 0.5)},
+        {"e2e_ms_p99", support::percentile(e2e, 0.99)},
         {"preemptions", rep.stats.preemptions},
         {"prefix_cache_hit_tokens", rep.stats.cache_hit_tokens},
         {"prefix_cache_hit_rate", hit_rate},
@@ -280,10 +271,11 @@ int serve_main(int argc, char** argv) {
         "scheduler %.1f ms of %.1f ms in forward passes (%.2f%%); blocks %s\n",
         seconds, rep.steps, seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
         seconds > 0 ? static_cast<double>(rep.requests.size()) / seconds : 0.0,
-        percentile(ttft, 0.5), percentile(ttft, 0.99), percentile(tpot, 0.5),
-        percentile(tpot, 0.99), percentile(e2e, 0.5), rep.stats.preemptions,
-        rep.stats.cache_hit_tokens, prompt_tokens, 100.0 * hit_rate, rep.stats.tokens_computed,
-        useful, static_cast<double>(rep.stats.tokens_computed) / static_cast<double>(useful),
+        support::percentile(ttft, 0.5), support::percentile(ttft, 0.99),
+        support::percentile(tpot, 0.5), support::percentile(tpot, 0.99),
+        support::percentile(e2e, 0.5), rep.stats.preemptions, rep.stats.cache_hit_tokens,
+        prompt_tokens, 100.0 * hit_rate, rep.stats.tokens_computed, useful,
+        static_cast<double>(rep.stats.tokens_computed) / static_cast<double>(useful),
         1000.0 * rep.scheduler_seconds, 1000.0 * rep.forward_seconds,
         100.0 * rep.scheduler_seconds / std::max(rep.forward_seconds, 1e-12),
         conserved ? "conserved (all free or cached)" : "NOT conserved");

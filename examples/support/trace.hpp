@@ -3,6 +3,7 @@
 // seeded stream of Poisson arrivals over a workload profile. Not part of the library.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -98,6 +99,17 @@ inline std::vector<prepack::reference::timed_request> generate_trace(const std::
     out.push_back(std::move(r));
   }
   return out;
+}
+
+/// The p-quantile (p in [0, 1]) of v, linearly interpolated between the nearest ranks; 0 for an
+/// empty v. O(n log n).
+inline double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(at));
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
 }
 
 }  // namespace support
