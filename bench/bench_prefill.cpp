@@ -94,7 +94,8 @@ struct model_spec {
 std::unique_ptr<ref::model> build(const model_spec& ms, ref::model_options opt = {}) {
 #ifdef PREPACK_BENCH_CHECKPOINTS
   if (!ms.path.empty()) {
-    return std::make_unique<ref::model>(ms.cfg, prepack::checkpoint::load(ms.path).weights, opt);
+    const prepack::checkpoint::opened ck = prepack::checkpoint::open(ms.path);
+    return std::make_unique<ref::model>(ck.info.cfg, *ck.weights, opt);
   }
 #endif
   return std::make_unique<ref::model>(ms.cfg, 7, opt);

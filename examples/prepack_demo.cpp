@@ -216,10 +216,10 @@ workload load_workload(const support::args& a, const options& o) {
 void admit(const options& o, const workload& w, const prepack::pack_plan<int>& plan) {
   const ref::config& c = o.model.cfg;
   const auto need = [&](std::size_t rows, std::size_t width, ref::attention p) {
-    return static_cast<double>(ref::estimate_prefill_memory(c, rows, width, w.lengths.size(),
-                                                            static_cast<std::size_t>(w.longest()),
-                                                            p, o.model.threads,
-                                                            o.model.options.weights)
+    return static_cast<double>(ref::estimate_prefill_memory(
+                                   c, rows, width, w.lengths.size(),
+                                   static_cast<std::size_t>(w.longest()), p, o.model.threads,
+                                   o.model.options.weights, o.model.backend)
                                    .peak_bytes) +
            3.0 * static_cast<double>(rows * width * sizeof(int));
   };

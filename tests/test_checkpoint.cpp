@@ -102,6 +102,10 @@ TEST(Checkpoint, GgufRoundTripsEveryTypeAndLoadsTheSameFunction) {
           std::printf("%s: loaded vs in-memory model: max abs diff logits %.3g\n", path.c_str(),
                       ld);
           EXPECT_LE(ld, 1e-4) << where;  // fp32 rounding (GEMM blocking may differ)
+          // Built as the file is read (checkpoint::open), the same model.
+          const auto opened = prepack::checkpoint::open(path);
+          const ref::model streamed(opened.info.cfg, *opened.weights);
+          EXPECT_LE(logits_diff(streamed, original, rng), 1e-4) << where;
         }
       }
     }
@@ -298,6 +302,11 @@ TEST_F(gguf_fixture, TensorErrorsNameTheFileAndTensor) {
   layers[static_cast<std::size_t>(b) + bk.size() + 4] = 3;
   EXPECT_PREPACK_ERROR(prepack::checkpoint::load(write(layers, "missing.gguf")),
                        "missing.gguf: tensor model.layers.2.input_layernorm.weight missing");
+  {  // Opened (headers only), the same file fails when the model reads that layer.
+    const auto opened = prepack::checkpoint::open(dir + "/missing.gguf");
+    EXPECT_PREPACK_ERROR(ref::model(opened.info.cfg, *opened.weights),
+                         "missing.gguf: tensor model.layers.2.input_layernorm.weight missing");
+  }
   // An architecture the model cannot run.
   auto arch = test::gguf_bytes(c, w, {"llama", test::dtype::f32, "t", false});
   const std::string ak = "llama";

@@ -13,6 +13,10 @@
 #include <string>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "reference_common.hpp"
 
 namespace {
@@ -243,6 +247,104 @@ TEST(Reference, Bf16PathsAgreeAndFollowTheCpu) {
   }
 }
 
+// A bf16 linear layer holds its weights once, as bf16 (2 bytes a weight), and computes on every
+// path what bf16 hardware computes: bf16(a) bf16(w) summed in fp32. The oracle is a plain double
+// loop over the rounded values, written here. The shapes are wide enough that the emulated paths
+// widen several panels of columns (the last one partial) and share them among threads.
+TEST(Reference, Bf16LinearHoldsHalfTheBytesAndEqualsTheRoundedProduct) {
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto bf = [](float x) {
+    return prepack::bfloat16::to_float(prepack::bfloat16::from_float(x));
+  };
+  const Eigen::Index k = 4100, n = 530;
+  ASSERT_LT(ref::linear::panel_cols(k, n), n) << "one panel: the test would not split any";
+  for (const bool transposed : {false, true}) {
+    ref::matrix w(transposed ? n : k, transposed ? k : n);
+    for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = normal(rng);
+    const ref::linear f32(w, transposed, ref::weight_type::f32);
+    const ref::linear b16(w, transposed, ref::weight_type::bf16);
+    EXPECT_EQ(f32.bytes(), static_cast<std::size_t>(k * n) * 4);
+    EXPECT_EQ(b16.bytes(), static_cast<std::size_t>(k * n) * 2);
+    EXPECT_TRUE(b16.weights().size() == 0) << "bf16 layer kept an fp32 copy";
+    // Few rows (decode: panels shared among threads) and many (prefill: all threads per GEMM).
+    for (const Eigen::Index m : {Eigen::Index{7}, Eigen::Index{260}}) {
+      ref::matrix a(m, k + 3);  // lda > k
+      for (Eigen::Index i = 0; i < a.size(); ++i) a.data()[i] = normal(rng);
+      ref::matrix c0(m, n + 5);  // ldc > n
+      for (Eigen::Index i = 0; i < c0.size(); ++i) c0.data()[i] = normal(rng);
+      Eigen::MatrixXd product(m, n), magnitude(m, n);
+      for (Eigen::Index r = 0; r < m; ++r) {
+        for (Eigen::Index j = 0; j < n; ++j) {
+          double sum = 0, mag = 0;
+          for (Eigen::Index i = 0; i < k; ++i) {
+            const double t = static_cast<double>(bf(a(r, i))) * bf(transposed ? w(j, i) : w(i, j));
+            sum += t;
+            mag += std::fabs(t);
+          }
+          product(r, j) = sum;
+          magnitude(r, j) = mag;
+        }
+      }
+      for (ref::gemm_backend be : backends()) {
+        for (const int threads : {1, 2, 3}) {
+          for (const bool accumulate : {false, true}) {
+            ref::matrix c = c0;
+            ref::gemm_scratch scratch;
+#ifdef _OPENMP
+            const int saved = omp_get_max_threads();
+            omp_set_num_threads(threads);
+#endif
+            b16.apply(be, m, a.data(), a.cols(), c.data(), c.cols(), accumulate, scratch);
+#ifdef _OPENMP
+            omp_set_num_threads(saved);
+#endif
+            double worst = 0;
+            for (Eigen::Index r = 0; r < m; ++r) {
+              for (Eigen::Index j = 0; j < n; ++j) {
+                const double want = product(r, j) + (accumulate ? c0(r, j) : 0.0);
+                worst = std::max(
+                    worst, std::fabs(c(r, j) - want) / (magnitude(r, j) + std::fabs(c0(r, j))));
+              }
+              for (Eigen::Index j = n; j < c.cols(); ++j) {
+                ASSERT_EQ(c(r, j), c0(r, j)) << "wrote past the output's columns";
+              }
+            }
+            EXPECT_LE(worst, 1e-5)
+                << ref::bf16_path(be).describe() << ", " << m << " rows, " << threads
+                << " threads, transposed " << transposed << ", accumulate " << accumulate;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A bf16 model holds its projections at 2 bytes a weight (counted from the config here), and the
+// memory a bf16 prefill reports is what the estimate from shapes said, on every path.
+TEST(Reference, Bf16ModelHoldsHalfItsProjectionsAndEstimatesItsMemory) {
+  std::mt19937_64 rng(32);
+  const ref::config c = random_config(rng);
+  const std::uint64_t seed = rng();
+  const ref::model f32(c, seed), bf16(c, seed, {ref::weight_type::bf16});
+  const double h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
+  const double projections = c.n_layers * (h * (q + 2 * kv) + q * h + 3 * h * f);
+  EXPECT_EQ(static_cast<double>(f32.weight_bytes() - bf16.weight_bytes()), 2 * projections);
+  EXPECT_EQ(ref::weight_bytes(c) - ref::weight_bytes(c, ref::weight_type::bf16), 2 * projections);
+  const std::vector<int> len{60, 3, 17, 41};
+  const auto prompts = random_prompts(rng, len, c.vocab);
+  const auto l = prepack::make_layout(prepack::first_fit_decreasing(len), prompts);
+  for (ref::gemm_backend be : backends()) {
+    for (const int threads : {1, 2}) {
+      const auto est = bf16.estimate_memory(l.n_rows(), l.width(), l.n_prompts(), 60,
+                                            ref::attention::segment, threads, be);
+      const auto got = bf16.prefill(l, {ref::attention::segment, threads, be}).memory;
+      EXPECT_EQ(est.activation_bytes, got.activation_bytes) << ref::bf16_path(be).describe();
+      EXPECT_EQ(est.peak_bytes, got.peak_bytes) << ref::bf16_path(be).describe();
+    }
+  }
+}
+
 TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
   std::mt19937_64 rng(3);
   const ref::config c = random_config(rng);
@@ -366,6 +468,71 @@ TEST(ReferenceErrors, ConfigAndWeights) {
   ref::config tied = g;
   tied.tied_embeddings = true;
   EXPECT_PREPACK_ERROR(ref::model(tied, ref::random_weights(g, 1)), "lm_head (tied to embed)");
+}
+
+// A model built from a weight source (a piece at a time) is the model built from the same
+// weights whole; a source is asked for each piece once, in order; a piece of the
+// wrong shape is refused by name when it arrives.
+class counting_source final : public ref::weight_source {
+ public:
+  counting_source(const ref::config& c, std::uint64_t seed) : inner_(c, seed) {}
+  ref::matrix embed() override { return note("embed"), inner_.embed(); }
+  ref::layer_weights layer(int l) override {
+    note("layer" + std::to_string(l));
+    auto lw = inner_.layer(l);
+    if (l == bad_layer) lw.w_down = ref::matrix::Zero(3, 5);
+    return lw;
+  }
+  ref::vector final_norm() override { return note("final_norm"), inner_.final_norm(); }
+  ref::matrix lm_head() override { return note("lm_head"), inner_.lm_head(); }
+  std::string calls;
+  int bad_layer = -1;
+
+ private:
+  void note(const std::string& what) { calls += calls.empty() ? what : " " + what; }
+  ref::random_source inner_;
+};
+
+TEST(Reference, ModelFromASourceEqualsModelFromWholeWeights) {
+  std::mt19937_64 rng(33);
+  for (int trial = 0; trial < 3; ++trial) {
+    const ref::config c = random_config(rng);
+    const std::uint64_t seed = rng();
+    for (const ref::weight_type wt : {ref::weight_type::f32, ref::weight_type::bf16}) {
+      counting_source src(c, seed);
+      const ref::model streamed(c, src, {wt});
+      std::string want = "embed";
+      for (int l = 0; l < c.n_layers; ++l) want += " layer" + std::to_string(l);
+      EXPECT_EQ(src.calls, want + " final_norm lm_head");
+      const ref::model whole(c, ref::random_weights(c, seed), {wt}), seeded(c, seed, {wt});
+      const auto prompts = random_prompts(rng, {9, 30, 2}, c.vocab);
+      const auto l =
+          prepack::make_layout(prepack::first_fit_decreasing(lengths_of(prompts)), prompts);
+      const auto a = streamed.prefill(l, {ref::attention::segment, 1});
+      const auto b = whole.prefill(l, {ref::attention::segment, 1});
+      const auto s = seeded.prefill(l, {ref::attention::segment, 1});
+      // Equal up to the GEMM library's own run-to-run spread between two copies of the same
+      // weights at different addresses (it aligns its blocks to the pointer).
+      const auto far = [](const ref::prefill_result& x, const ref::prefill_result& y) {
+        double d = 0;
+        for (std::size_t i = 0; i < x.keys.size(); ++i) {
+          d = std::max<double>(d, std::fabs(x.keys[i] - y.keys[i]));
+          d = std::max<double>(d, std::fabs(x.values[i] - y.values[i]));
+        }
+        const double scale = std::max(1.0f, y.logits.cwiseAbs().maxCoeff());
+        return std::max<double>(d, (x.logits - y.logits).cwiseAbs().maxCoeff() / scale);
+      };
+      ASSERT_EQ(a.keys.size(), b.keys.size());
+      EXPECT_LE(far(a, b), 1e-5) << ref::weight_type_name(wt);
+      EXPECT_LE(far(s, b), 1e-5) << ref::weight_type_name(wt);
+      EXPECT_EQ(streamed.weight_bytes(), whole.weight_bytes());
+    }
+  }
+  ref::config c;
+  counting_source bad(c, 1);
+  bad.bad_layer = 1;
+  EXPECT_PREPACK_ERROR(ref::model(c, bad), "weights: layers[1].w_down is 3 x 5, expected");
+  EXPECT_EQ(bad.calls, "embed layer0 layer1") << "asked for pieces after the bad one";
 }
 
 TEST(ReferenceErrors, BadTokensAndForeignLayouts) {

@@ -28,9 +28,9 @@ namespace ref = prepack::reference;
 
 /// The flags parse_model reads: valued ones and switches.
 inline const std::set<std::string>& model_valued_flags() {
-  static const std::set<std::string> f{"--vocab",    "--hidden",   "--layers", "--heads",
-                                       "--kv-heads", "--head-dim", "--ffn",    "--rope-theta",
-                                       "--model",    "--backend",  "--threads"};
+  static const std::set<std::string> f{"--vocab",    "--hidden",   "--layers",  "--heads",
+                                       "--kv-heads", "--head-dim", "--ffn",     "--rope-theta",
+                                       "--model",    "--backend",  "--threads", "--memory-limit"};
   return f;
 }
 inline const std::set<std::string>& model_switches() {
@@ -53,6 +53,9 @@ inline const char* model_help() {
   --backend auto|eigen|onednn
                       the GEMM library (default auto: oneDNN when the build has it)
   --threads N         threads (default: all cores)
+  --memory-limit MIB  refuse, before allocating, a run estimated to need more than MIB
+                      mebibytes (default: 80% of this machine's memory); the refusal says
+                      what would fit (--bf16, a smaller model or workload)
 )";
 }
 
@@ -64,6 +67,7 @@ struct model_choice {
   ref::model_options options;
   ref::gemm_backend backend = ref::gemm_backend::automatic;  // resolved
   int threads = 0;
+  double memory_limit = 0;  // bytes a run may need; 0: 80% of the machine's memory
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
   std::optional<prepack::checkpoint::info> info;  // the checkpoint's, read from its headers
 #endif
@@ -104,23 +108,28 @@ inline model_choice parse_model(const args& a, std::uint64_t seed) {
                            : backend == "onednn" ? ref::gemm_backend::onednn
                                                  : ref::gemm_backend::automatic);
   m.threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
+  m.memory_limit = static_cast<double>(a.integer("--memory-limit", 0, 1, std::int64_t{1} << 40)) *
+                   1024.0 * 1024.0;
   return m;
 }
 
-/// Bytes the model's weights hold once built (fp32; bf16 weights keep the bf16-rounded fp32
-/// values and, where oneDNN runs bf16 here, its bf16 copy too: 6 bytes a weight) and at the
-/// peak of building them (a checkpoint's converted fp32 weights and the model's fused copies
-/// side by side: twice the fp32 bytes). Quantized checkpoints convert to fp32 at load, so the
-/// file's size says nothing about these.
+/// Bytes the model's weights hold once built (the projections 4 bytes a weight, 2 with --bf16;
+/// embeddings and norms fp32) and at the peak of building them: the model is built a layer at
+/// a time (seeded, or read from the checkpoint), so the peak is what it holds plus one layer
+/// in fp32 twice over (as read, and fused). Quantized checkpoints are dequantized at load, so
+/// the file's size says nothing about these.
 struct weight_memory {
   double held = 0, building = 0;
 };
-inline weight_memory estimate_weights(const model_choice& m) {
-  const double f32 = ref::weight_bytes(m.cfg);
+inline weight_memory estimate_weights(const model_choice& m, ref::weight_type type) {
+  const ref::config& c = m.cfg;
   weight_memory w;
-  w.held = m.options.weights == ref::weight_type::bf16 ? 1.5 * f32 : f32;
-  w.building = m.path.empty() ? w.held : std::max(w.held, 2.0 * f32);
+  w.held = ref::weight_bytes(c, type);
+  w.building = w.held + 2.0 * 4.0 * c.projection_params() / c.n_layers;
   return w;
+}
+inline weight_memory estimate_weights(const model_choice& m) {
+  return estimate_weights(m, m.options.weights);
 }
 
 /// The machine's physical memory in bytes (0 if unknown).
@@ -136,24 +145,32 @@ inline std::string mib(double bytes) {
 }
 
 /// Refuses, before a weight is allocated, a run whose peak (the weights' estimate above plus
-/// `other` bytes) would pass 80% of this machine's memory: usage_error naming the sizes and
-/// what would fit instead (`remedy` for the workload's part).
+/// `other` bytes) would pass the memory limit (--memory-limit, else 80% of this machine's
+/// memory): usage_error naming the sizes and what would fit instead: --bf16 when that fits,
+/// a smaller model when the weights alone do not, else `remedy` (the workload's part).
 inline void admit_memory(const model_choice& m, double other, const std::string& remedy) {
+  const auto peak = [&](const weight_memory& w) { return std::max(w.building, w.held + other); };
   const weight_memory w = estimate_weights(m);
-  const double peak = std::max(w.building, w.held + other);
+  const weight_memory b16 = estimate_weights(m, ref::weight_type::bf16);
   const double machine = machine_memory();
-  if (machine <= 0 || peak <= 0.8 * machine) return;
-  std::string what =
-      "this workload needs about " + mib(peak) + ", more than 80% of the " + mib(machine) +
-      " of memory here (the weights " + mib(w.held) +
-      (m.path.empty() ? std::string() : ", " + mib(w.building) + " while loading the checkpoint") +
-      "); ";
-  if (w.building > 0.8 * machine) {
-    what += "use a smaller model";
+  const double limit = m.memory_limit > 0 ? m.memory_limit : 0.8 * machine;
+  if (limit <= 0 || peak(w) <= limit) return;
+  const std::string where = m.memory_limit > 0 ? "the --memory-limit of " + mib(limit)
+                                               : "80% of the " + mib(machine) + " of memory here";
+  std::string what = "this workload needs about " + mib(peak(w)) + ", more than " + where +
+                     " (the weights " + mib(w.held) + ", " + mib(w.building) +
+                     " while building them); ";
+  const bool f32 = m.options.weights == ref::weight_type::f32;
+  if (f32 && peak(b16) <= limit) {
+    what += "--bf16 fits: it holds the projection weights in half the memory (" + mib(b16.held) +
+            " of weights, about " + mib(peak(b16)) + " in all)";
+  } else if (std::min(w.building, b16.building) > limit) {
+    what += std::string("use a smaller model") +
+            (f32 ? " (even with --bf16 its weights need " + mib(b16.building) + ")" : "");
     if (!m.path.empty()) {
       what +=
-          " (quantized weights are converted to fp32 at load, so a smaller quantization of "
-          "the same model needs as much)";
+          "; quantized weights are dequantized at load, so a smaller quantization of the same "
+          "model needs as much";
     }
   } else {
     what += remedy;
@@ -165,8 +182,10 @@ inline void admit_memory(const model_choice& m, double other, const std::string&
 /// checkpoint, std::bad_alloc when the weights do not fit.
 inline ref::model build_model(const model_choice& m) {
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
-  if (!m.path.empty())
-    return ref::model(m.cfg, prepack::checkpoint::load(m.path).weights, m.options);
+  if (!m.path.empty()) {
+    const prepack::checkpoint::opened ck = prepack::checkpoint::open(m.path);
+    return ref::model(ck.info.cfg, *ck.weights, m.options);
+  }
 #endif
   return ref::model(m.cfg, m.seed, m.options);
 }

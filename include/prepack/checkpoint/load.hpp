@@ -121,67 +121,75 @@ inline void expect_shape(const tensor_source& src, const std::string& name,
   }
 }
 
-// Builds the weights from Hugging Face-named tensors; permuted: undo llama.cpp's Q/K order.
-inline reference::weights build_weights(const reference::config& c, const tensor_source& src,
-                                        bool permuted) {
-  const auto u = [](int v) { return static_cast<std::uint64_t>(v); };
-  const std::uint64_t h = u(c.hidden), q = u(c.q_dim()), kv = u(c.kv_dim()), f = u(c.ffn),
-                      v = u(c.vocab);
-  reference::weights w;
-  const auto vec = [&](const std::string& name, std::uint64_t n) {
-    expect_shape(src, name, {n});
-    const auto x = src.read(name);
-    return reference::vector(
-        Eigen::Map<const reference::vector>(x.data(), static_cast<Eigen::Index>(n)));
-  };
-  const auto lin = [&](const std::string& name, std::uint64_t out, std::uint64_t in,
-                       std::size_t heads) {
-    expect_shape(src, name, {out, in});
-    auto x = src.read(name);
-    if (heads > 0) x = unpermute_rows(x, out, in, heads);
-    return transposed(x, out, in);
-  };
-  const auto bias = [&](const std::string& name, std::uint64_t n, std::size_t heads) {
-    expect_shape(src, name, {n});
-    auto x = src.read(name);
-    if (heads > 0) x = unpermute_rows(x, n, 1, heads);
-    return reference::vector(
-        Eigen::Map<const reference::vector>(x.data(), static_cast<Eigen::Index>(n)));
-  };
-  expect_shape(src, "model.embed_tokens.weight", {v, h});
-  {
-    const auto x = src.read("model.embed_tokens.weight");
-    w.embed = Eigen::Map<const reference::matrix>(x.data(), c.vocab, c.hidden);
+// The weights of Hugging Face-named tensors, read a piece at a time as the model asks for them;
+// permuted: undo llama.cpp's Q/K order. Each read checks the tensor's presence and shape.
+class tensor_weights final : public reference::weight_source {
+ public:
+  tensor_weights(const reference::config& c, tensor_source src, bool permuted)
+      : c_(c), src_(std::move(src)), permuted_(permuted) {}
+
+  reference::matrix embed() override {
+    expect_shape(src_, "model.embed_tokens.weight", {u(c_.vocab), u(c_.hidden)});
+    const auto x = src_.read("model.embed_tokens.weight");
+    return Eigen::Map<const reference::matrix>(x.data(), c_.vocab, c_.hidden);
   }
-  const std::size_t qh = permuted ? static_cast<std::size_t>(c.n_heads) : 0;
-  const std::size_t kh = permuted ? static_cast<std::size_t>(c.n_kv_heads) : 0;
-  for (int l = 0; l < c.n_layers; ++l) {
+  reference::layer_weights layer(int l) override {
+    const std::uint64_t h = u(c_.hidden), q = u(c_.q_dim()), kv = u(c_.kv_dim()), f = u(c_.ffn);
+    const std::size_t qh = permuted_ ? static_cast<std::size_t>(c_.n_heads) : 0;
+    const std::size_t kh = permuted_ ? static_cast<std::size_t>(c_.n_kv_heads) : 0;
     const std::string p = "model.layers." + std::to_string(l) + ".";
     reference::layer_weights lw;
     lw.attn_norm = vec(p + "input_layernorm.weight", h);
     lw.wq = lin(p + "self_attn.q_proj.weight", q, h, qh);
     lw.wk = lin(p + "self_attn.k_proj.weight", kv, h, kh);
     lw.wv = lin(p + "self_attn.v_proj.weight", kv, h, 0);
-    if (c.qkv_bias) {
+    if (c_.qkv_bias) {
       lw.bq = bias(p + "self_attn.q_proj.bias", q, qh);
       lw.bk = bias(p + "self_attn.k_proj.bias", kv, kh);
       lw.bv = bias(p + "self_attn.v_proj.bias", kv, 0);
     }
-    if (c.qk_norm) {
-      lw.q_norm = vec(p + "self_attn.q_norm.weight", u(c.head_size()));
-      lw.k_norm = vec(p + "self_attn.k_norm.weight", u(c.head_size()));
+    if (c_.qk_norm) {
+      lw.q_norm = vec(p + "self_attn.q_norm.weight", u(c_.head_size()));
+      lw.k_norm = vec(p + "self_attn.k_norm.weight", u(c_.head_size()));
     }
     lw.wo = lin(p + "self_attn.o_proj.weight", h, q, 0);
     lw.mlp_norm = vec(p + "post_attention_layernorm.weight", h);
     lw.w_gate = lin(p + "mlp.gate_proj.weight", f, h, 0);
     lw.w_up = lin(p + "mlp.up_proj.weight", f, h, 0);
     lw.w_down = lin(p + "mlp.down_proj.weight", h, f, 0);
-    w.layers.push_back(std::move(lw));
+    return lw;
   }
-  w.final_norm = vec("model.norm.weight", h);
-  if (!c.tied_embeddings) w.lm_head = lin("lm_head.weight", v, h, 0);
-  return w;
-}
+  reference::vector final_norm() override { return vec("model.norm.weight", u(c_.hidden)); }
+  reference::matrix lm_head() override {
+    if (c_.tied_embeddings) return reference::matrix();
+    return lin("lm_head.weight", u(c_.vocab), u(c_.hidden), 0);
+  }
+
+ private:
+  static std::uint64_t u(int v) { return static_cast<std::uint64_t>(v); }
+  reference::vector vec(const std::string& name, std::uint64_t n) const {
+    expect_shape(src_, name, {n});
+    const auto x = src_.read(name);
+    return Eigen::Map<const reference::vector>(x.data(), static_cast<Eigen::Index>(n));
+  }
+  reference::matrix lin(const std::string& name, std::uint64_t out, std::uint64_t in,
+                        std::size_t heads) const {
+    expect_shape(src_, name, {out, in});
+    auto x = src_.read(name);
+    if (heads > 0) x = unpermute_rows(x, out, in, heads);
+    return transposed(x, out, in);
+  }
+  reference::vector bias(const std::string& name, std::uint64_t n, std::size_t heads) const {
+    expect_shape(src_, name, {n});
+    auto x = src_.read(name);
+    if (heads > 0) x = unpermute_rows(x, n, 1, heads);
+    return Eigen::Map<const reference::vector>(x.data(), static_cast<Eigen::Index>(n));
+  }
+
+  reference::config c_;
+  tensor_source src_;
+  bool permuted_;
+};
 
 // GGUF tensor names (and ggml shapes) in Hugging Face's names and torch order.
 inline std::string gguf_name(const std::string& hf) {
@@ -489,27 +497,47 @@ inline info inspect(const std::string& path) {
   });
 }
 
-/// Loads a checkpoint: its description and fp32 weights in the model's form (Q/K rows of a
-/// llama GGUF unpermuted). Throws prepack::error naming the file and the item for anything the
-/// parsers refuse, an unsupported architecture, a missing tensor, or a shape that disagrees
-/// with the config; std::bad_alloc when the weights do not fit in memory.
-inline loaded load(const std::string& path) {
+/// A checkpoint opened for reading: its description and a source of its weights in the model's
+/// form (Q/K rows of a llama GGUF unpermuted), each tensor read (and dequantized to fp32) only
+/// when the model asks for it, so `reference::model(info.cfg, *weights, options)` never holds
+/// the checkpoint's fp32 weights whole. The source keeps the files open (mapped) while it lives.
+struct opened {
+  checkpoint::info info;
+  std::unique_ptr<reference::weight_source> weights;
+};
+
+/// Opens a checkpoint: its headers parsed and checked (as inspect), its tensors read later.
+/// Throws what inspect throws; the source's reads throw prepack::error naming the file and the
+/// tensor for a missing tensor or a shape that disagrees with the config.
+inline opened open(const std::string& path) {
   return detail::json_guarded(path, [&] {
-    loaded out;
+    opened out;
     if (!detail::is_directory(path)) {
       detail::gguf_source src;
       out.info = detail::inspect_gguf(path, src);
-      out.weights = detail::build_weights(out.info.cfg, detail::gguf_tensors(src),
-                                          out.info.architecture == "llama");
+      out.weights = std::make_unique<detail::tensor_weights>(
+          out.info.cfg, detail::gguf_tensors(src), out.info.architecture == "llama");
     } else {
       auto src = std::make_shared<detail::safetensors_source>();
       out.info = detail::inspect_safetensors(path, *src);
-      out.weights =
-          detail::build_weights(out.info.cfg, detail::safetensors_tensors(src, path), false);
+      out.weights = std::make_unique<detail::tensor_weights>(
+          out.info.cfg, detail::safetensors_tensors(src, path), false);
     }
-    reference::check_weights(out.info.cfg, out.weights);
     return out;
   });
+}
+
+/// Loads a checkpoint whole: its description and fp32 weights in the model's form. Throws
+/// prepack::error naming the file and the item for anything the parsers refuse, an unsupported
+/// architecture, a missing tensor, or a shape that disagrees with the config; std::bad_alloc
+/// when the weights do not fit in memory.
+inline loaded load(const std::string& path) {
+  opened o = open(path);
+  loaded out;
+  out.weights =
+      detail::json_guarded(path, [&] { return reference::collect(o.info.cfg, *o.weights); });
+  out.info = std::move(o.info);
+  return out;
 }
 
 }  // namespace checkpoint

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,6 +34,9 @@
 #include "../numeric.hpp"
 #include "matrix.hpp"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #ifdef PREPACK_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -87,15 +91,6 @@ inline const char* backend_name(gemm_backend b) {
   return "?";
 }
 
-/// The element type the projection weights are held in: fp32, or bf16 (weights rounded to
-/// bf16 once; the activations they multiply are rounded to bf16 too and the products are
-/// accumulated in fp32, as AVX512-BF16 computes them).
-enum class weight_type { f32, bf16 };
-
-inline const char* weight_type_name(weight_type t) {
-  return t == weight_type::bf16 ? "bf16" : "f32";
-}
-
 /// How bf16 weights are multiplied on a backend, on this CPU.
 struct bf16_support {
   bool native = false;  // oneDNN's bf16 matmul (else fp32 GEMMs over bf16-rounded values)
@@ -110,8 +105,9 @@ struct bf16_support {
 struct gemm_scratch {
   std::vector<std::uint16_t> bf16;  // [m][k]  activations as bf16 (native path)
   std::vector<float> rounded;       // [m][k]  activations rounded to bf16, as fp32 (emulated)
+  std::vector<float> panels;        // [threads][k][panel]  weights widened to fp32 (emulated)
   std::size_t bytes() const noexcept {
-    return bf16.size() * sizeof(std::uint16_t) + rounded.size() * sizeof(float);
+    return bf16.size() * sizeof(std::uint16_t) + (rounded.size() + panels.size()) * sizeof(float);
   }
 };
 
@@ -146,62 +142,44 @@ inline std::string onednn_isa() {
   return buf;
 }
 
-// The bf16 matmul primitive over a weight in oneDNN's preferred layout, with the row count of
-// the activations given at run time. Throws dnnl::error where this CPU has no bf16 matmul.
+// The bf16 matmul primitives over weights the layer holds as plain bf16 ([k][n] row-major, or
+// [n][k] when transposed), read in place (no copy), with the row count of the activations given
+// at run time. Throws dnnl::error where this CPU has no bf16 matmul.
 struct onednn_bf16 {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::matmul matmul;                // C += A B
-  std::optional<dnnl::matmul> plain;  // C = A B
-  dnnl::memory weights;
+  dnnl::matmul matmul;  // C += A B
+  dnnl::matmul plain;   // C = A B
+  dnnl::memory::desc b_md;
   std::int64_t k = 0, n = 0;
 
-  onednn_bf16(const matrix& w, bool transposed) {
+  onednn_bf16(std::int64_t k_, std::int64_t n_, bool transposed) : k(k_), n(n_) {
     using dnnl::memory;
-    k = transposed ? w.cols() : w.rows();
-    n = transposed ? w.rows() : w.cols();
     const memory::desc a_md({DNNL_RUNTIME_DIM_VAL, k}, memory::data_type::bf16, {k, 1});
-    const memory::desc b_md({k, n}, memory::data_type::bf16, memory::format_tag::any);
+    b_md = memory::desc({k, n}, memory::data_type::bf16,
+                        transposed ? memory::dims{1, k} : memory::dims{n, 1});
     const memory::desc c_md({DNNL_RUNTIME_DIM_VAL, n}, memory::data_type::f32,
                             {DNNL_RUNTIME_DIM_VAL, 1});
     // Two primitives over the same weights: C = A B, and C += A B (the residual add).
-    const auto plain_pd =
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+    plain =
+        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
     dnnl::post_ops po;
     po.append_sum(1.0f);
     dnnl::primitive_attr attr;
     attr.set_post_ops(po);
-    const auto sum_pd =
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine);
-    matmul = dnnl::matmul(sum_pd);
-    // Both take the weights in the same layout (they differ only in the post-op); if a build
-    // ever disagreed, C is zeroed and the accumulating one used.
-    if (plain_pd.weights_desc() == sum_pd.weights_desc()) plain = dnnl::matmul(plain_pd);
-    std::vector<std::uint16_t> b16(static_cast<std::size_t>(k * n));
-    for (std::int64_t r = 0; r < k; ++r) {
-      for (std::int64_t c = 0; c < n; ++c) {
-        const float v = transposed ? w(c, r) : w(r, c);
-        b16[static_cast<std::size_t>(r * n + c)] = bfloat16::from_float(v);
-      }
-    }
-    dnnl::stream s(engine);
-    memory src(memory::desc({k, n}, memory::data_type::bf16, {n, 1}), engine, b16.data());
-    weights = memory(sum_pd.weights_desc(), engine);
-    dnnl::reorder(src, weights).execute(s, src, weights);
-    s.wait();
+    matmul = dnnl::matmul(
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine));
   }
 
-  void run(std::int64_t m, const std::uint16_t* a16, float* c, std::int64_t ldc,
-           bool accumulate) const {
+  void run(std::int64_t m, const std::uint16_t* a16, const std::uint16_t* b16, float* c,
+           std::int64_t ldc, bool accumulate) const {
     using dnnl::memory;
-    if (!accumulate && !plain) {
-      for (std::int64_t r = 0; r < m; ++r) std::fill(c + r * ldc, c + r * ldc + n, 0.0f);
-    }
     dnnl::stream s(engine);
     memory am(memory::desc({m, k}, memory::data_type::bf16, {k, 1}), engine,
               const_cast<std::uint16_t*>(a16));
+    memory bm(b_md, engine, const_cast<std::uint16_t*>(b16));
     memory cm(memory::desc({m, n}, memory::data_type::f32, {ldc, 1}), engine, c);
-    (accumulate || !plain ? matmul : *plain)
-        .execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, cm}});
+    (accumulate ? matmul : plain)
+        .execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     s.wait();
   }
 };
@@ -211,7 +189,7 @@ inline bf16_support onednn_bf16_support() {
   static const bf16_support support = [] {
     bf16_support s;
     try {
-      const onednn_bf16 probe(matrix::Zero(16, 16), false);
+      const onednn_bf16 probe(16, 16, false);
       s.native = true;
     } catch (const dnnl::error&) {
       s.native = false;
@@ -250,37 +228,63 @@ inline bf16_support bf16_path(gemm_backend b) {
 }
 
 /// One linear layer's weight, prepared once: w is [in][out] (y = x w), or [out][in] when
-/// `transposed` (y = x w^T: the LM head of a model whose embedding is tied to it). With bf16
-/// weights, w holds the bf16-rounded values (the emulated paths multiply those), and oneDNN's
-/// own bf16 copy is made the first time the native path runs.
+/// `transposed` (y = x w^T: the LM head of a model whose embedding is tied to it). fp32 weights
+/// are held as given; bf16 weights are held only as bf16 (2 bytes a weight, half of fp32): the
+/// native path multiplies them in place, the emulated paths widen a panel of columns at a time
+/// into per-thread scratch (exact: a bf16 value is an fp32 value) and multiply that.
 class linear {
  public:
   linear() = default;
   linear(matrix w, bool transposed, weight_type type)
-      : w_(std::move(w)), transposed_(transposed), type_(type) {
-    if (type_ == weight_type::bf16) {
-      for (Eigen::Index i = 0; i < w_.size(); ++i) {
-        w_.data()[i] = bfloat16::to_float(bfloat16::from_float(w_.data()[i]));
-      }
-#ifdef PREPACK_HAVE_ONEDNN
-      bf16_ = std::make_shared<native_state>();
-#endif
+      : rows_(w.rows()), cols_(w.cols()), transposed_(transposed), type_(type) {
+    if (type_ == weight_type::f32) {
+      w_ = std::move(w);
+      return;
     }
+    w16_.resize(static_cast<std::size_t>(w.size()));
+    const float* src = w.data();
+    std::uint16_t* dst = w16_.data();
+    const std::size_t size = w16_.size();
+    PREPACK_OMP(parallel for schedule(static))
+    for (std::size_t i = 0; i < size; ++i) dst[i] = bfloat16::from_float(src[i]);
   }
-  Eigen::Index in() const noexcept { return transposed_ ? w_.cols() : w_.rows(); }
-  Eigen::Index out() const noexcept { return transposed_ ? w_.rows() : w_.cols(); }
+  Eigen::Index in() const noexcept { return transposed_ ? cols_ : rows_; }
+  Eigen::Index out() const noexcept { return transposed_ ? rows_ : cols_; }
   bool transposed() const noexcept { return transposed_; }
   weight_type type() const noexcept { return type_; }
+  /// The fp32 weights as held (f32 layers only; empty for bf16 ones).
   const matrix& weights() const noexcept { return w_; }
-  /// Bytes of the weight copies held (fp32; and oneDNN's bf16 copy once made).
+  /// The bf16 weights as held, row-major in the layout w was given in (bf16 layers only).
+  const std::vector<std::uint16_t>& weights_bf16() const noexcept { return w16_; }
+  /// The weight at (r, c) of w as given, as fp32: O(1).
+  float at(Eigen::Index r, Eigen::Index c) const noexcept {
+    return type_ == weight_type::f32
+               ? w_(r, c)
+               : bfloat16::to_float(w16_[static_cast<std::size_t>(r * cols_ + c)]);
+  }
+  /// Bytes of the weights held: 4 a weight (fp32) or 2 (bf16).
   std::size_t bytes() const noexcept {
-    const std::size_t n = static_cast<std::size_t>(w_.size());
-    return n * sizeof(float) + (native_ready() ? n * 2 : 0);
+    return type_ == weight_type::f32 ? static_cast<std::size_t>(w_.size()) * sizeof(float)
+                                     : w16_.size() * sizeof(std::uint16_t);
   }
 
-  /// c[m][out] (ldc) = a[m][in] (lda) * W, or += with `accumulate`. 2 m in out FLOPs. bf16
-  /// weights round the activations into `scratch` first. Throws prepack::error naming the
-  /// shape if oneDNN fails (it does not on shapes it accepted when the layer was built).
+  /// Columns of the fp32 panel each thread widens bf16 weights into on the emulated paths (a
+  /// multiple of 16, about 4 MiB of fp32 for this input width), and its floats.
+  static Eigen::Index panel_cols(Eigen::Index in, Eigen::Index out) {
+    const Eigen::Index budget = (Eigen::Index{1} << 20) / std::max<Eigen::Index>(in, 1);
+    return std::max<Eigen::Index>(16, std::min<Eigen::Index>(out, budget / 16 * 16));
+  }
+  /// Floats of emulated-path panel scratch a call with n_threads threads uses.
+  std::size_t panel_floats(int n_threads) const {
+    if (type_ != weight_type::bf16) return 0;
+    return static_cast<std::size_t>(n_threads) * static_cast<std::size_t>(in()) *
+           static_cast<std::size_t>(panel_cols(in(), out()));
+  }
+
+  /// c[m][out] (ldc) = a[m][in] (lda) * W, or += with `accumulate`. 2 m in out FLOPs, plus for
+  /// bf16 weights m in roundings of the activations into `scratch` and, on the emulated paths,
+  /// in out widenings of the weights. Throws prepack::error naming the shape if oneDNN fails
+  /// (it does not on shapes it accepted when the layer was built).
   void apply(gemm_backend backend, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
              Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
     if (m == 0) return;
@@ -289,28 +293,21 @@ class linear {
       apply_bf16(be, m, a, lda, c, ldc, accumulate, scratch);
       return;
     }
-    gemm(be, m, a, lda, c, ldc, accumulate);
+    gemm(be, m, a, lda, w_.data(), w_.cols(), transposed_, out(), c, ldc, accumulate);
   }
 
  private:
-  bool native_ready() const noexcept {
-#ifdef PREPACK_HAVE_ONEDNN
-    return bf16_ != nullptr && bf16_->ready;
-#else
-    return false;
-#endif
-  }
-
-  // The fp32 GEMM of the weights as held.
-  void gemm(gemm_backend be, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
-            Eigen::Index ldc, bool accumulate) const {
+  // c[m][n] (ldc) = (or +=) a[m][k] (lda) * b, b [k][n] (ldb), or [n][k] when `bt`: fp32.
+  void gemm(gemm_backend be, Eigen::Index m, const float* a, Eigen::Index lda, const float* b,
+            Eigen::Index ldb, bool bt, Eigen::Index n, float* c, Eigen::Index ldc,
+            bool accumulate) const {
+    const Eigen::Index k = in();
 #ifdef PREPACK_HAVE_ONEDNN
     if (be == gemm_backend::onednn) {
-      const dnnl_status_t st =
-          dnnl_sgemm('N', transposed_ ? 'T' : 'N', m, out(), in(), 1.0f, a, lda, w_.data(),
-                     w_.cols(), accumulate ? 1.0f : 0.0f, c, ldc);
+      const dnnl_status_t st = dnnl_sgemm('N', bt ? 'T' : 'N', m, n, k, 1.0f, a, lda, b, ldb,
+                                          accumulate ? 1.0f : 0.0f, c, ldc);
       if (st != dnnl_success) {
-        prepack::detail::fail("oneDNN sgemm of ", m, " x ", in(), " by ", in(), " x ", out(),
+        prepack::detail::fail("oneDNN sgemm of ", m, " x ", k, " by ", k, " x ", n,
                               " failed (status ", static_cast<int>(st), ")");
       }
       return;
@@ -319,18 +316,22 @@ class linear {
     (void)be;
 #endif
     using stride = Eigen::OuterStride<>;
-    Eigen::Map<matrix, 0, stride> y(c, m, out(), stride(ldc));
-    const Eigen::Map<const matrix, 0, stride> x(a, m, in(), stride(lda));
-    if (transposed_) {
+    Eigen::Map<matrix, 0, stride> y(c, m, n, stride(ldc));
+    const Eigen::Map<const matrix, 0, stride> x(a, m, k, stride(lda));
+    if (bt) {
+      const Eigen::Map<const matrix, 0, stride> w(b, n, k, stride(ldb));
       if (accumulate) {
-        y.noalias() += x * w_.transpose();
+        y.noalias() += x * w.transpose();
       } else {
-        y.noalias() = x * w_.transpose();
+        y.noalias() = x * w.transpose();
       }
-    } else if (accumulate) {
-      y.noalias() += x * w_;
     } else {
-      y.noalias() = x * w_;
+      const Eigen::Map<const matrix, 0, stride> w(b, k, n, stride(ldb));
+      if (accumulate) {
+        y.noalias() += x * w;
+      } else {
+        y.noalias() = x * w;
+      }
     }
   }
 
@@ -344,7 +345,7 @@ class linear {
       detail::round_rows(m, k, a, lda, scratch.bf16.data(),
                          [](float x) { return bfloat16::from_float(x); });
       try {
-        native().run(m, scratch.bf16.data(), c, ldc, accumulate);
+        native().run(m, scratch.bf16.data(), w16_.data(), c, ldc, accumulate);
       } catch (const dnnl::error& e) {
         prepack::detail::fail("oneDNN bf16 matmul of ", m, " x ", k, " by ", k, " x ", out(),
                               " on ", detail::onednn_isa(), ": ", e.what());
@@ -352,32 +353,102 @@ class linear {
       return;
     }
 #endif
-    // Emulated: the same function through an fp32 GEMM over bf16-rounded values.
+    // Emulated: the same function through fp32 GEMMs over bf16-rounded activations and the
+    // weights widened a panel of output columns at a time, the panels shared among the threads
+    // (each thread's GEMM runs on that thread alone).
     if (scratch.rounded.size() < size) scratch.rounded.resize(size);
     detail::round_rows(m, k, a, lda, scratch.rounded.data(),
                        [](float x) { return bfloat16::to_float(bfloat16::from_float(x)); });
-    gemm(be, m, scratch.rounded.data(), k, c, ldc, accumulate);
+    const Eigen::Index n = out(), nb = panel_cols(k, n), panels = (n + nb - 1) / nb;
+    const int threads = max_threads();
+    const std::size_t per_thread = static_cast<std::size_t>(k) * static_cast<std::size_t>(nb);
+    if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
+      scratch.panels.resize(per_thread * static_cast<std::size_t>(threads));
+    }
+    const float* x = scratch.rounded.data();
+    float* panel_base = scratch.panels.data();
+    if (m >= wide_rows) {
+      // Many rows: each panel (threads panels' worth of columns) widened by all threads, then
+      // one GEMM over it on all threads.
+      const Eigen::Index wide = nb * threads;
+      for (Eigen::Index c0 = 0; c0 < n; c0 += wide) {
+        const Eigen::Index w = std::min(wide, n - c0);
+        widen_panel(c0, w, panel_base, true);
+        gemm(be, m, x, k, panel_base, transposed_ ? k : w, transposed_, w, c + c0, ldc, accumulate);
+      }
+      return;
+    }
+    // Few rows: the panels shared among the threads, each thread's GEMM on that thread alone.
+    std::atomic<bool> failed{false};
+    std::string failure;
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+    for (Eigen::Index p = 0; p < panels; ++p) {
+      float* panel = panel_base + per_thread * static_cast<std::size_t>(thread_num());
+      const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0);
+      widen_panel(c0, w, panel, false);
+      try {
+        gemm(be, m, x, k, panel, transposed_ ? k : w, transposed_, w, c + c0, ldc, accumulate);
+      } catch (const std::exception& e) {
+        if (!failed.exchange(true)) failure = e.what();
+      }
+    }
+    if (failed) throw prepack::error(failure);
+  }
+
+  // Rows of activations from which the emulated path multiplies with all threads per GEMM.
+  static constexpr Eigen::Index wide_rows = 256;
+
+  // Output columns [c0, c0 + w) of the weights, widened to fp32: [k][w], or [w][k] transposed;
+  // the rows shared among the threads when `parallel`.
+  void widen_panel(Eigen::Index c0, Eigen::Index w, float* panel, bool parallel) const {
+    const Eigen::Index k = in();
+    const Eigen::Index rows = transposed_ ? w : k, cols = transposed_ ? k : w;
+    const std::uint16_t* src = w16_.data() + (transposed_ ? static_cast<std::size_t>(c0 * k)
+                                                          : static_cast<std::size_t>(c0));
+    const Eigen::Index stride = transposed_ ? k : cols_;
+    (void)parallel;  // read only by the OpenMP pragma
+    PREPACK_OMP(parallel for schedule(static) if(parallel))
+    for (Eigen::Index r = 0; r < rows; ++r) {
+      const std::uint16_t* s = src + r * stride;
+      float* d = panel + r * cols;
+      for (Eigen::Index j = 0; j < cols; ++j) d[j] = bfloat16::to_float(s[j]);
+    }
+  }
+
+  static int max_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+  }
+  static int thread_num() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
   }
 
 #ifdef PREPACK_HAVE_ONEDNN
-  // oneDNN's bf16 copy of the weights, made once on first use (the support check above has
-  // created one already, so this does not fail for want of an ISA).
+  // oneDNN's primitives over the bf16 weights, made once on first use (the support check above
+  // has created one already, so this does not fail for want of an ISA); copies share them.
   struct native_state {
     std::once_flag once;
     std::unique_ptr<detail::onednn_bf16> prim;
-    std::atomic<bool> ready{false};
   };
   const detail::onednn_bf16& native() const {
-    std::call_once(bf16_->once, [&] {
-      bf16_->prim = std::make_unique<detail::onednn_bf16>(w_, transposed_);
-      bf16_->ready = true;
+    std::call_once(native_->once, [&] {
+      native_->prim = std::make_unique<detail::onednn_bf16>(in(), out(), transposed_);
     });
-    return *bf16_->prim;
+    return *native_->prim;
   }
-  std::shared_ptr<native_state> bf16_;  // set for bf16 weights; copies of the layer share it
+  std::shared_ptr<native_state> native_ = std::make_shared<native_state>();
 #endif
 
-  matrix w_;  // [in][out], or [out][in] when transposed
+  matrix w_;                          // fp32: [in][out], or [out][in] when transposed
+  std::vector<std::uint16_t> w16_;    // bf16: the same layout
+  Eigen::Index rows_ = 0, cols_ = 0;  // of w as given
   bool transposed_ = false;
   weight_type type_ = weight_type::f32;
 };

@@ -209,11 +209,22 @@ class model {
   /// Throws prepack::error if c is invalid or w's shapes disagree with it.
   model(const config& c, weights w, model_options opt = {}) : cfg_(c), opt_(opt) {
     check_weights(cfg_, w);
-    prepare(std::move(w));
+    held_weights src(std::move(w));
+    prepare(src);
   }
-  /// Deterministic weights from seed (see random_weights).
-  model(const config& c, std::uint64_t seed, model_options opt = {})
-      : model(c, random_weights(c, seed), opt) {}
+  /// The weights a source hands over, each piece prepared (and, with bf16 projections,
+  /// converted) as it arrives: the model never holds more than one layer of the source's fp32
+  /// weights besides its own. Throws what the source throws, or prepack::error if c is invalid
+  /// or a piece's shape disagrees with it.
+  model(const config& c, weight_source& src, model_options opt = {}) : cfg_(c), opt_(opt) {
+    cfg_.validate();
+    prepare(src);
+  }
+  /// Deterministic weights from seed (see random_weights), generated a layer at a time.
+  model(const config& c, std::uint64_t seed, model_options opt = {}) : cfg_(c), opt_(opt) {
+    random_source src(c, seed);
+    prepare(src);
+  }
 
   const config& cfg() const noexcept { return cfg_; }
   weight_type weights_type() const noexcept { return opt_.weights; }
@@ -331,7 +342,8 @@ class model {
 
   /// What prefill() would allocate: see estimate_prefill_memory.
   memory_stats estimate_memory(std::size_t n_rows, std::size_t width, std::size_t n_prompts,
-                               std::size_t longest, attention path, int n_threads = 0) const;
+                               std::size_t longest, attention path, int n_threads = 0,
+                               gemm_backend backend = gemm_backend::automatic) const;
 
  private:
   // One decoder layer, prepared: the norms' weights folded into the projections they feed.
@@ -345,10 +357,14 @@ class model {
     linear down;      // [ffn][hidden]
   };
 
-  void prepare(weights w) {
+  void prepare(weight_source& src) {
     const config& c = cfg_;
     const weight_type wt = opt_.weights;
-    for (layer_weights& lw : w.layers) {
+    matrix embed = src.embed();
+    detail::check_shape(embed, c.vocab, c.hidden, "embed");
+    for (int li = 0; li < c.n_layers; ++li) {
+      layer_weights lw = src.layer(li);
+      check_layer(c, lw, static_cast<std::size_t>(li));
       layer L;
       matrix qkv(c.hidden, c.q_dim() + 2 * c.kv_dim());
       qkv << lw.wq, lw.wk, lw.wv;
@@ -367,15 +383,17 @@ class model {
       L.gate_up = linear(std::move(gu), false, wt);
       L.down = linear(std::move(lw.w_down), false, wt);
       layers_.push_back(std::move(L));
-      lw = layer_weights{};  // free the semantic copy as we go
     }
-    final_norm_ = std::move(w.final_norm);
+    final_norm_ = src.final_norm();
+    detail::check_shape(final_norm_, c.hidden, "final_norm");
+    matrix head = src.lm_head();
+    check_lm_head(c, head);
     // The LM head runs over a few rows per batch: fp32 always. Tied: one matrix serves both.
     if (c.tied_embeddings) {
-      lm_head_ = linear(std::move(w.embed), true, weight_type::f32);
+      lm_head_ = linear(std::move(embed), true, weight_type::f32);
     } else {
-      embed_ = std::move(w.embed);
-      lm_head_ = linear(std::move(w.lm_head), false, weight_type::f32);
+      embed_ = std::move(embed);
+      lm_head_ = linear(std::move(head), false, weight_type::f32);
     }
   }
 
@@ -430,13 +448,15 @@ class model {
                       prefill_profile& profile) const {
     const auto t_start = detail::clock::now();
     const detail::thread_scope threads(opt.n_threads);
+    const gemm_backend backend = resolve(opt.backend);
     const std::lock_guard<std::mutex> guard(work_.lock);
     detail::workspace& w = work_.work;
     w.reserve(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n());
     memory = detail::total_memory(
-        store.bytes, w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(), opt_.weights),
+        store.bytes,
+        w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(), opt_.weights, backend),
         b.mask_bytes);
-    detail::pass p(w, cfg_, b, threads.n(), resolve(opt.backend));
+    detail::pass p(w, cfg_, b, threads.n(), backend);
     const Eigen::Index hidden = cfg_.hidden, ffn = cfg_.ffn, q_dim = cfg_.q_dim();
     embed(p, b);
     for (int li = 0; li < cfg_.n_layers; ++li) {
@@ -578,14 +598,15 @@ class model {
 inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows, std::size_t width,
                                             std::size_t n_prompts, std::size_t longest,
                                             attention path, int n_threads = 0,
-                                            weight_type weights = weight_type::f32) {
+                                            weight_type weights = weight_type::f32,
+                                            gemm_backend backend = gemm_backend::automatic) {
   c.validate();
   const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
   detail::workspace w;  // counts, allocates nothing
   const auto work =
       w.bytes(c, slots, n_prompts,
               static_cast<std::int64_t>(path == attention::dense ? width : longest) - 1,
-              threads_for(n_threads), weights);
+              threads_for(n_threads), weights, backend);
   const std::size_t kv = prepack::detail::mul(
       prepack::detail::mul(2 * static_cast<std::size_t>(c.n_layers), slots, "KV cache"),
       static_cast<std::size_t>(c.kv_dim()) * sizeof(float), "KV cache");
@@ -599,9 +620,10 @@ inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows,
 
 inline memory_stats model::estimate_memory(std::size_t n_rows, std::size_t width,
                                            std::size_t n_prompts, std::size_t longest,
-                                           attention path, int n_threads) const {
+                                           attention path, int n_threads,
+                                           gemm_backend backend) const {
   return estimate_prefill_memory(cfg_, n_rows, width, n_prompts, longest, path, n_threads,
-                                 opt_.weights);
+                                 opt_.weights, backend);
 }
 
 }  // namespace reference

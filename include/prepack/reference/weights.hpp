@@ -50,10 +50,19 @@ struct config {
   int rotary_dim() const noexcept { return head_size() & ~1; }
   /// Parameters of a model of this shape.
   double n_params() const noexcept {
-    const double h = hidden, q = q_dim(), kv = kv_dim(), f = ffn, v = vocab;
-    const double per_layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f +
-                             (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2.0 * head_size() : 0);
-    return (tied_embeddings ? 1 : 2) * v * h + h + n_layers * per_layer;
+    const double h = hidden, q = q_dim(), kv = kv_dim();
+    const double per_layer =
+        2 * h + (qkv_bias ? q + 2 * kv : 0) + (qk_norm ? 2.0 * head_size() : 0);
+    return embedding_params() + h + n_layers * per_layer + projection_params();
+  }
+  /// Weights of the layers' projections (Q, K, V, O, gate, up, down): what --bf16 halves.
+  double projection_params() const noexcept {
+    const double h = hidden, q = q_dim(), kv = kv_dim(), f = ffn;
+    return n_layers * (h * (q + 2 * kv) + q * h + 3 * h * f);
+  }
+  /// Weights of the embedding and the LM head (one matrix when tied): always fp32.
+  double embedding_params() const noexcept {
+    return (tied_embeddings ? 1.0 : 2.0) * static_cast<double>(vocab) * hidden;
   }
 
   /// Throws prepack::error naming the first inconsistent field and its value.
@@ -137,47 +146,32 @@ inline void check_shape(const vector& v, int n, const std::string& name) {
 
 }  // namespace detail
 
-/// Deterministic weights from a seed, scaled so activations keep a unit scale through many
-/// layers: projections have standard deviation 1/sqrt(fan_in), the residual branches' output
-/// projections a further 1/sqrt(2 n_layers); the LM head is scaled up so greedy choices are
-/// decisive (with tied embeddings the embedding is, and the hidden state is scaled instead by
-/// the final norm). Throws prepack::error if c is invalid.
-inline weights random_weights(const config& c, std::uint64_t seed) {
-  c.validate();
-  detail::rng g(seed);
-  const double residual = 1.0 / std::sqrt(2.0 * c.n_layers);
-  weights w;
-  w.embed = detail::random_matrix(g, c.vocab, c.hidden, 1.0);
-  for (int l = 0; l < c.n_layers; ++l) {
-    layer_weights lw;
-    lw.attn_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
-    lw.wq = detail::random_matrix(g, c.hidden, c.q_dim(), 1.0 / std::sqrt(c.hidden));
-    lw.wk = detail::random_matrix(g, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
-    lw.wv = detail::random_matrix(g, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
-    if (c.qkv_bias) {
-      lw.bq = detail::random_vector(g, c.q_dim(), 0.0f, 0.5f);
-      lw.bk = detail::random_vector(g, c.kv_dim(), 0.0f, 0.5f);
-      lw.bv = detail::random_vector(g, c.kv_dim(), 0.0f, 0.5f);
-    }
-    if (c.qk_norm) {
-      lw.q_norm = detail::random_vector(g, c.head_size(), 1.0f, 0.3f);
-      lw.k_norm = detail::random_vector(g, c.head_size(), 1.0f, 0.3f);
-    }
-    lw.wo = detail::random_matrix(g, c.q_dim(), c.hidden, residual / std::sqrt(c.q_dim()));
-    lw.mlp_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
-    lw.w_gate = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
-    lw.w_up = detail::random_matrix(g, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
-    lw.w_down = detail::random_matrix(g, c.ffn, c.hidden, residual / std::sqrt(c.ffn));
-    w.layers.push_back(std::move(lw));
-  }
+/// Throws prepack::error naming the first parameter of layer l whose shape disagrees with c.
+inline void check_layer(const config& c, const layer_weights& lw, std::size_t l) {
+  const std::string p = "layers[" + std::to_string(l) + "].";
+  detail::check_shape(lw.attn_norm, c.hidden, p + "attn_norm");
+  detail::check_shape(lw.wq, c.hidden, c.q_dim(), p + "wq");
+  detail::check_shape(lw.wk, c.hidden, c.kv_dim(), p + "wk");
+  detail::check_shape(lw.wv, c.hidden, c.kv_dim(), p + "wv");
+  detail::check_shape(lw.bq, c.qkv_bias ? c.q_dim() : 0, p + "bq");
+  detail::check_shape(lw.bk, c.qkv_bias ? c.kv_dim() : 0, p + "bk");
+  detail::check_shape(lw.bv, c.qkv_bias ? c.kv_dim() : 0, p + "bv");
+  detail::check_shape(lw.q_norm, c.qk_norm ? c.head_size() : 0, p + "q_norm");
+  detail::check_shape(lw.k_norm, c.qk_norm ? c.head_size() : 0, p + "k_norm");
+  detail::check_shape(lw.wo, c.q_dim(), c.hidden, p + "wo");
+  detail::check_shape(lw.mlp_norm, c.hidden, p + "mlp_norm");
+  detail::check_shape(lw.w_gate, c.hidden, c.ffn, p + "w_gate");
+  detail::check_shape(lw.w_up, c.hidden, c.ffn, p + "w_up");
+  detail::check_shape(lw.w_down, c.ffn, c.hidden, p + "w_down");
+}
+
+/// Throws prepack::error naming the LM head if its shape disagrees with c (empty when tied).
+inline void check_lm_head(const config& c, const matrix& lm_head) {
   if (c.tied_embeddings) {
-    // The head is embed^T: a larger norm weight gives the logits the untied head's scale.
-    w.final_norm = detail::random_vector(g, c.hidden, 4.0f, 0.4f);
+    detail::check_shape(lm_head, 0, 0, "lm_head (tied to embed)");
   } else {
-    w.final_norm = detail::random_vector(g, c.hidden, 1.0f, 0.1f);
-    w.lm_head = detail::random_matrix(g, c.hidden, c.vocab, 4.0 / std::sqrt(c.hidden));
+    detail::check_shape(lm_head, c.hidden, c.vocab, "lm_head");
   }
-  return w;
 }
 
 /// Throws prepack::error naming the first parameter whose shape disagrees with c.
@@ -186,30 +180,106 @@ inline void check_weights(const config& c, const weights& w) {
   detail::check_shape(w.embed, c.vocab, c.hidden, "embed");
   prepack::detail::require(w.layers.size() == static_cast<std::size_t>(c.n_layers),
                            "weights: ", w.layers.size(), " layers, config has ", c.n_layers);
-  for (std::size_t l = 0; l < w.layers.size(); ++l) {
-    const layer_weights& lw = w.layers[l];
-    const std::string p = "layers[" + std::to_string(l) + "].";
-    detail::check_shape(lw.attn_norm, c.hidden, p + "attn_norm");
-    detail::check_shape(lw.wq, c.hidden, c.q_dim(), p + "wq");
-    detail::check_shape(lw.wk, c.hidden, c.kv_dim(), p + "wk");
-    detail::check_shape(lw.wv, c.hidden, c.kv_dim(), p + "wv");
-    detail::check_shape(lw.bq, c.qkv_bias ? c.q_dim() : 0, p + "bq");
-    detail::check_shape(lw.bk, c.qkv_bias ? c.kv_dim() : 0, p + "bk");
-    detail::check_shape(lw.bv, c.qkv_bias ? c.kv_dim() : 0, p + "bv");
-    detail::check_shape(lw.q_norm, c.qk_norm ? c.head_size() : 0, p + "q_norm");
-    detail::check_shape(lw.k_norm, c.qk_norm ? c.head_size() : 0, p + "k_norm");
-    detail::check_shape(lw.wo, c.q_dim(), c.hidden, p + "wo");
-    detail::check_shape(lw.mlp_norm, c.hidden, p + "mlp_norm");
-    detail::check_shape(lw.w_gate, c.hidden, c.ffn, p + "w_gate");
-    detail::check_shape(lw.w_up, c.hidden, c.ffn, p + "w_up");
-    detail::check_shape(lw.w_down, c.ffn, c.hidden, p + "w_down");
-  }
+  for (std::size_t l = 0; l < w.layers.size(); ++l) check_layer(c, w.layers[l], l);
   detail::check_shape(w.final_norm, c.hidden, "final_norm");
-  if (c.tied_embeddings) {
-    detail::check_shape(w.lm_head, 0, 0, "lm_head (tied to embed)");
-  } else {
-    detail::check_shape(w.lm_head, c.hidden, c.vocab, "lm_head");
+  check_lm_head(c, w.lm_head);
+}
+
+/// A model's weights handed over a piece at a time, each piece asked for once and in this
+/// order: embed, layer(0) .. layer(n_layers - 1), final_norm, lm_head (an empty matrix when the
+/// embeddings are tied). A model built from a source holds at most one layer in this fp32 form
+/// besides its prepared weights, so a model with bf16 projections never holds its fp32 weights
+/// whole. Errors are the source's own (a checkpoint's names the file and tensor).
+class weight_source {
+ public:
+  virtual ~weight_source() = default;
+  virtual matrix embed() = 0;
+  virtual layer_weights layer(int l) = 0;
+  virtual vector final_norm() = 0;
+  virtual matrix lm_head() = 0;
+};
+
+/// The source over weights already whole in memory: each piece is moved out as it is asked for.
+class held_weights final : public weight_source {
+ public:
+  explicit held_weights(weights w) : w_(std::move(w)) {}
+  matrix embed() override { return std::move(w_.embed); }
+  layer_weights layer(int l) override {
+    return std::move(w_.layers.at(static_cast<std::size_t>(l)));
   }
+  vector final_norm() override { return std::move(w_.final_norm); }
+  matrix lm_head() override { return std::move(w_.lm_head); }
+
+ private:
+  weights w_;
+};
+
+/// The weights random_weights returns, generated a piece at a time as they are asked for.
+/// Validates c first.
+class random_source final : public weight_source {
+ public:
+  random_source(const config& c, std::uint64_t seed) : c_(c), g_(seed) { c_.validate(); }
+  matrix embed() override { return detail::random_matrix(g_, c_.vocab, c_.hidden, 1.0); }
+  layer_weights layer(int) override {
+    const config& c = c_;
+    const double residual = 1.0 / std::sqrt(2.0 * c.n_layers);
+    layer_weights lw;
+    lw.attn_norm = detail::random_vector(g_, c.hidden, 1.0f, 0.1f);
+    lw.wq = detail::random_matrix(g_, c.hidden, c.q_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wk = detail::random_matrix(g_, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
+    lw.wv = detail::random_matrix(g_, c.hidden, c.kv_dim(), 1.0 / std::sqrt(c.hidden));
+    if (c.qkv_bias) {
+      lw.bq = detail::random_vector(g_, c.q_dim(), 0.0f, 0.5f);
+      lw.bk = detail::random_vector(g_, c.kv_dim(), 0.0f, 0.5f);
+      lw.bv = detail::random_vector(g_, c.kv_dim(), 0.0f, 0.5f);
+    }
+    if (c.qk_norm) {
+      lw.q_norm = detail::random_vector(g_, c.head_size(), 1.0f, 0.3f);
+      lw.k_norm = detail::random_vector(g_, c.head_size(), 1.0f, 0.3f);
+    }
+    lw.wo = detail::random_matrix(g_, c.q_dim(), c.hidden, residual / std::sqrt(c.q_dim()));
+    lw.mlp_norm = detail::random_vector(g_, c.hidden, 1.0f, 0.1f);
+    lw.w_gate = detail::random_matrix(g_, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
+    lw.w_up = detail::random_matrix(g_, c.hidden, c.ffn, 1.0 / std::sqrt(c.hidden));
+    lw.w_down = detail::random_matrix(g_, c.ffn, c.hidden, residual / std::sqrt(c.ffn));
+    return lw;
+  }
+  vector final_norm() override {
+    // Tied, the head is embed^T: a larger norm weight gives the logits the untied head's scale.
+    return c_.tied_embeddings ? detail::random_vector(g_, c_.hidden, 4.0f, 0.4f)
+                              : detail::random_vector(g_, c_.hidden, 1.0f, 0.1f);
+  }
+  matrix lm_head() override {
+    if (c_.tied_embeddings) return matrix();
+    return detail::random_matrix(g_, c_.hidden, c_.vocab, 4.0 / std::sqrt(c_.hidden));
+  }
+
+ private:
+  config c_;
+  detail::rng g_;
+};
+
+/// Every piece of a source, whole, checked against c. Throws what the source throws, or
+/// prepack::error naming the first parameter whose shape disagrees with c.
+inline weights collect(const config& c, weight_source& src) {
+  c.validate();
+  weights w;
+  w.embed = src.embed();
+  for (int l = 0; l < c.n_layers; ++l) w.layers.push_back(src.layer(l));
+  w.final_norm = src.final_norm();
+  w.lm_head = src.lm_head();
+  check_weights(c, w);
+  return w;
+}
+
+/// Deterministic weights from a seed, scaled so activations keep a unit scale through many
+/// layers: projections have standard deviation 1/sqrt(fan_in), the residual branches' output
+/// projections a further 1/sqrt(2 n_layers); the LM head is scaled up so greedy choices are
+/// decisive (with tied embeddings the embedding is, and the hidden state is scaled instead by
+/// the final norm). Throws prepack::error if c is invalid.
+inline weights random_weights(const config& c, std::uint64_t seed) {
+  random_source src(c, seed);
+  return collect(c, src);
 }
 
 /// The RoPE frequency divisors of Llama 3's scaling (Hugging Face's rope_type "llama3":
@@ -258,8 +328,12 @@ inline std::vector<double> rope_factors_linear(int rotary_dim, double factor) {
   return std::vector<double>(static_cast<std::size_t>(std::max(rotary_dim / 2, 0)), factor);
 }
 
-/// Bytes of the weights of a model of config c held as fp32, computed without allocating.
-inline double weight_bytes(const config& c) { return 4.0 * c.n_params(); }
+/// Bytes of the weights of a model of config c, its projections held as `projections` (2 bytes a
+/// weight for bf16, 4 for fp32) and everything else as fp32, computed without allocating.
+inline double weight_bytes(const config& c, weight_type projections = weight_type::f32) {
+  const double p = c.projection_params();
+  return 4.0 * (c.n_params() - p) + (projections == weight_type::bf16 ? 2.0 : 4.0) * p;
+}
 
 }  // namespace reference
 PREPACK_NAMESPACE_END

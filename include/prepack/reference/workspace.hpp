@@ -131,7 +131,7 @@ class workspace {
   // included) and per-thread attention scratch.
   std::pair<std::size_t, std::size_t> bytes(const config& c, std::size_t n, std::size_t n_out,
                                             std::int64_t max_pos, int n_threads,
-                                            weight_type weights) {
+                                            weight_type weights, gemm_backend backend) {
     using prepack::detail::add;
     using prepack::detail::mul;
     std::size_t act = 0;
@@ -144,8 +144,26 @@ class workspace {
                   static_cast<std::size_t>(c.rotary_dim() / 2) * 2 * sizeof(float), "RoPE table"),
               "activations");
     if (weights == weight_type::bf16) {
-      act = add(act, mul(mul(n, gemm_k(c), "bf16 activations"), sizeof(float), "bf16 activations"),
+      // Native: the activations as bf16. Emulated: rounded, as fp32, and each thread's panel of
+      // weights widened to fp32.
+      const bool native = bf16_path(backend).native;
+      act = add(act,
+                mul(mul(n, gemm_k(c), "bf16 activations"),
+                    native ? sizeof(std::uint16_t) : sizeof(float), "bf16 activations"),
                 "activations");
+      if (!native) {
+        const auto panel = [](Eigen::Index in, Eigen::Index out) {
+          return static_cast<std::size_t>(in) *
+                 static_cast<std::size_t>(linear::panel_cols(in, out));
+        };
+        const std::size_t widest =
+            std::max({panel(c.hidden, c.q_dim() + 2 * c.kv_dim()), panel(c.q_dim(), c.hidden),
+                      panel(c.hidden, 2 * c.ffn), panel(c.ffn, c.hidden)});
+        act = add(act,
+                  mul(mul(static_cast<std::size_t>(n_threads), widest, "bf16 panels"),
+                      sizeof(float), "bf16 panels"),
+                  "activations");
+      }
     }
     const std::size_t scratch = static_cast<std::size_t>(n_threads) *
                                 attention_scratch::bytes_for(tile_rows(c), c.head_size());
