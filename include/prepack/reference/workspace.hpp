@@ -156,9 +156,9 @@ class workspace {
           return static_cast<std::size_t>(in) *
                  static_cast<std::size_t>(linear::panel_cols(in, out));
         };
-        const std::size_t widest =
-            std::max({panel(c.hidden, c.q_dim() + 2 * c.kv_dim()), panel(c.q_dim(), c.hidden),
-                      panel(c.hidden, 2 * c.ffn), panel(c.ffn, c.hidden)});
+        const std::size_t widest = std::max(
+            {panel(c.hidden, c.q_dim() + 2 * c.kv_dim()), panel(c.q_dim(), c.hidden),
+             panel(c.hidden, 2 * static_cast<Eigen::Index>(c.ffn)), panel(c.ffn, c.hidden)});
         act = add(act,
                   mul(mul(static_cast<std::size_t>(n_threads), widest, "bf16 panels"),
                       sizeof(float), "bf16 panels"),
