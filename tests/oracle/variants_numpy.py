@@ -11,7 +11,8 @@ independent NumPy forward pass (float64) written from that ecosystem's definitio
   hf-llama3/     LlamaForCausalLM with rope_scaling {rope_type: llama3}, F32 safetensors; inverse
                  frequencies as transformers' _compute_llama3_parameters computes them
   hf-qwen3/      Qwen3ForCausalLM, F32 safetensors
-GGUF files are written by gguf's GGUFWriter and read back by GGUFReader; the safetensors files by
+GGUF files are written by gguf's GGUFWriter, their tensors named by gguf's own TensorNameMap (the
+names llama.cpp's converter gives), and read back by GGUFReader; the safetensors files by
 this script from the format's definition. Passes when prepack_demo's last-token logits agree
 within 1e-3 of their scale on every model.
 Usage: variants_numpy.py PREPACK_DEMO WORKDIR"""
@@ -157,23 +158,15 @@ def converter_rope_freqs(c, rs):
 
 # ---- writers ----
 
-GGUF_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.bias": "attn_v.bias", "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
-
-
-def gguf_name(hf):
-    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-    if hf in top:
-        return top[hf]
-    _, _, layer, rest = hf.split(".", 3)
-    return f"blk.{layer}.{GGUF_NAMES[rest]}"
+def gguf_name(hf, arch):
+    """The GGUF name of a Hugging Face tensor, from gguf's own map (llama.cpp's converter's),
+    not from our reading of it."""
+    archs = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+             "qwen3": gguf.MODEL_ARCH.QWEN3}
+    name = gguf.get_tensor_name_map(archs[arch], 64).get_name(hf, try_suffixes=(".weight", ".bias"))
+    if name is None:
+        oracle.fail(f"gguf has no {arch} name for {hf}")
+    return name
 
 
 def permute(w, n_head):
@@ -204,12 +197,12 @@ def write_gguf(path, arch, c, w, qtype, rope_freqs=None, linear=None):
         if arch == "llama" and name.endswith("k_proj.weight"):
             x = permute(x, c["kv_heads"])
         if x.ndim == 2 and qtype not in (T.F32, T.F16):
-            g.add_tensor(gguf_name(name), gguf.quants.quantize(x.astype(np.float32), qtype),
+            g.add_tensor(gguf_name(name, arch), gguf.quants.quantize(x.astype(np.float32), qtype),
                          raw_dtype=qtype)
         elif x.ndim == 2 and qtype == T.F16:
-            g.add_tensor(gguf_name(name), x.astype(np.float16))
+            g.add_tensor(gguf_name(name, arch), x.astype(np.float16))
         else:
-            g.add_tensor(gguf_name(name), x.astype(np.float32))
+            g.add_tensor(gguf_name(name, arch), x.astype(np.float32))
     if rope_freqs is not None:
         g.add_tensor("rope_freqs.weight", rope_freqs)
     g.write_header_to_file()
@@ -221,11 +214,13 @@ def write_gguf(path, arch, c, w, qtype, rope_freqs=None, linear=None):
 def gguf_getter(path):
     r = gguf.GGUFReader(path)
     t = {x.name: x for x in r.tensors}
+    field = r.fields["general.architecture"]
+    arch = bytes(field.parts[field.data[0]]).decode()
     cache = {}
 
     def get(hf):
         if hf not in cache:
-            x = t[gguf_name(hf)]
+            x = t[gguf_name(hf, arch)]
             cache[hf] = gguf.quants.dequantize(x.data, x.tensor_type).astype(np.float64)
         return cache[hf]
     freqs = t.get("rope_freqs.weight")
