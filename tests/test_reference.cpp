@@ -267,6 +267,11 @@ TEST(Reference, Bf16LinearHoldsHalfTheBytesAndEqualsTheRoundedProduct) {
     EXPECT_EQ(f32.bytes(), static_cast<std::size_t>(k * n) * 4);
     EXPECT_EQ(b16.bytes(), static_cast<std::size_t>(k * n) * 2);
     EXPECT_TRUE(b16.weights().size() == 0) << "bf16 layer kept an fp32 copy";
+    ASSERT_EQ(b16.weights_bf16().size(), static_cast<std::size_t>(w.size()));
+    for (Eigen::Index i = 0; i < w.size(); ++i) {
+      ASSERT_EQ(b16.weights_bf16()[static_cast<std::size_t>(i)],
+                prepack::bfloat16::from_float(w.data()[i]));
+    }
     // Few rows (decode: panels shared among threads) and many (prefill: all threads per GEMM).
     for (const Eigen::Index m : {Eigen::Index{7}, Eigen::Index{260}}) {
       ref::matrix a(m, k + 3);  // lda > k

@@ -256,12 +256,6 @@ class linear {
   const matrix& weights() const noexcept { return w_; }
   /// The bf16 weights as held, row-major in the layout w was given in (bf16 layers only).
   const std::vector<std::uint16_t>& weights_bf16() const noexcept { return w16_; }
-  /// The weight at (r, c) of w as given, as fp32: O(1).
-  float at(Eigen::Index r, Eigen::Index c) const noexcept {
-    return type_ == weight_type::f32
-               ? w_(r, c)
-               : bfloat16::to_float(w16_[static_cast<std::size_t>(r * cols_ + c)]);
-  }
   /// Bytes of the weights held: 4 a weight (fp32) or 2 (bf16).
   std::size_t bytes() const noexcept {
     return type_ == weight_type::f32 ? static_cast<std::size_t>(w_.size()) * sizeof(float)
