@@ -6,14 +6,16 @@
 // bf16 weights run on every CPU. The function is the same everywhere: weights and activations
 // rounded to bf16, products accumulated in fp32. oneDNN's bf16 matmul computes it where this CPU
 // runs it (AVX512-BF16, AMX; decided once by creating the primitive; bf16_path() says which
-// ISA oneDNN dispatches to); elsewhere, and on the Eigen backend, an fp32 GEMM over the
-// bf16-rounded weights and the bf16-rounded activations computes it (emulated). The Eigen
-// backend never calls oneDNN.
+// ISA oneDNN dispatches to), reading the layer's bf16 weights in place; elsewhere, and on the
+// Eigen backend, fp32 GEMMs over the bf16 weights widened a panel at a time and the
+// bf16-rounded activations compute it (emulated). Either way a bf16 layer holds its weights once,
+// as bf16. The Eigen backend never calls oneDNN.
 //
 // Threads: both honour the caller's count through OpenMP (one runtime: oneDNN's is the GNU one
 // GCC builds use; builds on another runtime, clang's LLVM OpenMP, are configured without
 // oneDNN and say so). Cost: m * n * k multiply-adds; no allocation on the fp32 paths; the bf16
-// paths round the activations into a buffer the caller keeps (gemm_scratch).
+// paths round the activations (and the emulated ones widen the weights' panels) into buffers
+// the caller keeps (gemm_scratch).
 #pragma once
 
 #include <Eigen/Core>
