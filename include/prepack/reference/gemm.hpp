@@ -50,6 +50,17 @@ namespace reference {
 /// Which library multiplies: `automatic` is oneDNN when the build has it, else Eigen.
 enum class gemm_backend { automatic, eigen, onednn };
 
+/// The threads a call with `requested` threads (0: all OpenMP offers) uses, without changing
+/// any setting. Throws prepack::error for requested < 0.
+inline int threads_for(int requested) {
+  prepack::detail::require(requested >= 0, "n_threads ", requested);
+#ifdef _OPENMP
+  return requested > 0 ? requested : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
 /// Whether this build can use oneDNN (PREPACK_HAVE_ONEDNN, set by CMake when it found oneDNN
 /// and the compiler's OpenMP runtime is oneDNN's own).
 constexpr bool onednn_available() noexcept {
@@ -114,6 +125,15 @@ struct gemm_scratch {
 };
 
 namespace detail {
+
+// This thread's number in the enclosing OpenMP team (0 outside one).
+inline int thread_id() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
 
 #ifdef PREPACK_HAVE_ONEDNN
 // oneDNN's name of the instruction set it dispatches to (dnnl_get_effective_cpu_isa).
@@ -356,7 +376,7 @@ class linear {
     detail::round_rows(m, k, a, lda, scratch.rounded.data(),
                        [](float x) { return bfloat16::to_float(bfloat16::from_float(x)); });
     const Eigen::Index n = out(), nb = panel_cols(k, n), panels = (n + nb - 1) / nb;
-    const int threads = max_threads();
+    const int threads = threads_for(0);
     const std::size_t per_thread = static_cast<std::size_t>(k) * static_cast<std::size_t>(nb);
     if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
       scratch.panels.resize(per_thread * static_cast<std::size_t>(threads));
@@ -379,7 +399,7 @@ class linear {
     std::string failure;
     PREPACK_OMP(parallel for schedule(static) num_threads(threads))
     for (Eigen::Index p = 0; p < panels; ++p) {
-      float* panel = panel_base + per_thread * static_cast<std::size_t>(thread_num());
+      float* panel = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
       const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0);
       widen_panel(c0, w, panel, false);
       try {
@@ -409,21 +429,6 @@ class linear {
       float* d = panel + r * cols;
       for (Eigen::Index j = 0; j < cols; ++j) d[j] = bfloat16::to_float(s[j]);
     }
-  }
-
-  static int max_threads() {
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-  }
-  static int thread_num() {
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
   }
 
 #ifdef PREPACK_HAVE_ONEDNN

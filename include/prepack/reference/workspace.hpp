@@ -30,17 +30,6 @@
 PREPACK_NAMESPACE_BEGIN
 namespace reference {
 
-/// The threads a call with `requested` threads (0: all OpenMP offers) uses, without changing
-/// any setting. Throws prepack::error for requested < 0.
-inline int threads_for(int requested) {
-  prepack::detail::require(requested >= 0, "n_threads ", requested);
-#ifdef _OPENMP
-  return requested > 0 ? requested : omp_get_max_threads();
-#else
-  return 1;
-#endif
-}
-
 /// Bytes a forward pass allocated, by kind, at its peak (all of them are live at once).
 struct memory_stats {
   std::size_t kv_bytes = 0;          // the KV it writes into: packed output, or the paged pool
@@ -80,14 +69,6 @@ class thread_scope {
   int saved_omp_ = 1;
 #endif
 };
-
-inline int thread_id() {
-#ifdef _OPENMP
-  return omp_get_thread_num();
-#else
-  return 0;
-#endif
-}
 
 using clock = std::chrono::steady_clock;
 template <class F>
