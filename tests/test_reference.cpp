@@ -247,11 +247,14 @@ TEST(Reference, Bf16PathsAgreeAndFollowTheCpu) {
   }
 }
 
-// A bf16 linear layer holds its weights once, as bf16 (2 bytes a weight), and computes on every
-// path what bf16 hardware computes: bf16(a) bf16(w) summed in fp32. The oracle is a plain double
-// loop over the rounded values, written here. The shapes are wide enough that the emulated paths
-// widen several panels of columns (the last one partial) and share them among threads.
-TEST(Reference, Bf16LinearHoldsHalfTheBytesAndEqualsTheRoundedProduct) {
+// A linear layer holds its weights once, in the layout it was built for (plain, or oneDNN's own
+// where oneDNN chooses one: held_by_onednn), fp32 or bf16 (2 bytes a weight, never an fp32
+// copy), and on every backend computes what the hardware of its type computes: a w summed in
+// fp32, or bf16(a) bf16(w). The oracle is a plain double loop over the (rounded) values, written
+// here. The shape is wide enough that the panel paths widen several panels of columns (the last
+// one partial) and share them among threads; the row counts take oneDNN's row chunks (fewer than
+// 64, 64 and a remainder, 256 and a remainder).
+TEST(Reference, LinearOnEveryLayoutAndBackendEqualsTheProduct) {
   std::mt19937_64 rng(31);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const auto bf = [](float x) {
@@ -262,62 +265,84 @@ TEST(Reference, Bf16LinearHoldsHalfTheBytesAndEqualsTheRoundedProduct) {
   for (const bool transposed : {false, true}) {
     ref::matrix w(transposed ? n : k, transposed ? k : n);
     for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = normal(rng);
-    const ref::linear f32(w, transposed, ref::weight_type::f32);
-    const ref::linear b16(w, transposed, ref::weight_type::bf16);
-    EXPECT_EQ(f32.bytes(), static_cast<std::size_t>(k * n) * 4);
-    EXPECT_EQ(b16.bytes(), static_cast<std::size_t>(k * n) * 2);
-    EXPECT_TRUE(b16.weights().size() == 0) << "bf16 layer kept an fp32 copy";
-    ASSERT_EQ(b16.weights_bf16().size(), static_cast<std::size_t>(w.size()));
-    for (Eigen::Index i = 0; i < w.size(); ++i) {
-      ASSERT_EQ(b16.weights_bf16()[static_cast<std::size_t>(i)],
-                prepack::bfloat16::from_float(w.data()[i]));
-    }
-    // Few rows (decode: panels shared among threads) and many (prefill: all threads per GEMM).
-    for (const Eigen::Index m : {Eigen::Index{7}, Eigen::Index{260}}) {
-      ref::matrix a(m, k + 3);  // lda > k
-      for (Eigen::Index i = 0; i < a.size(); ++i) a.data()[i] = normal(rng);
-      ref::matrix c0(m, n + 5);  // ldc > n
-      for (Eigen::Index i = 0; i < c0.size(); ++i) c0.data()[i] = normal(rng);
-      Eigen::MatrixXd product(m, n), magnitude(m, n);
-      for (Eigen::Index r = 0; r < m; ++r) {
-        for (Eigen::Index j = 0; j < n; ++j) {
-          double sum = 0, mag = 0;
-          for (Eigen::Index i = 0; i < k; ++i) {
-            const double t = static_cast<double>(bf(a(r, i))) * bf(transposed ? w(j, i) : w(i, j));
-            sum += t;
-            mag += std::fabs(t);
-          }
-          product(r, j) = sum;
-          magnitude(r, j) = mag;
+    for (const ref::weight_type type : {ref::weight_type::f32, ref::weight_type::bf16}) {
+      const bool b16 = type == ref::weight_type::bf16;
+      const auto value = [&](float x) { return b16 ? bf(x) : x; };
+      std::vector<ref::linear> layers;
+      for (ref::gemm_backend layout : backends()) {
+        const ref::linear L(w, transposed, type, layout);
+        const std::size_t size = static_cast<std::size_t>(w.size()), per = b16 ? 2 : 4;
+        EXPECT_EQ(L.held_by_onednn(), ref::held_by_onednn(k, n, type, layout));
+        if (layout == ref::gemm_backend::eigen) {
+          EXPECT_FALSE(L.held_by_onednn());
         }
+        if (L.held_by_onednn()) {
+          // oneDNN's layout pads to its blocks: more than the weights, less than fp32's.
+          EXPECT_GE(L.bytes(), size * per);
+          EXPECT_LT(L.bytes(), size * (per + 1));
+          EXPECT_EQ(L.weights().size(), 0);
+          EXPECT_TRUE(L.weights_bf16().empty());
+        } else {
+          EXPECT_EQ(L.bytes(), size * per);
+          EXPECT_EQ(L.weights().size(), b16 ? 0 : w.size()) << "a bf16 layer kept an fp32 copy";
+          EXPECT_EQ(L.weights_bf16().size(), b16 ? size : 0);
+        }
+        // What it holds is the weights, rounded once for bf16, wherever they live.
+        const ref::matrix held = L.widened();
+        ASSERT_EQ(held.rows(), w.rows());
+        ASSERT_EQ(held.cols(), w.cols());
+        for (Eigen::Index i = 0; i < w.size(); ++i) {
+          ASSERT_EQ(held.data()[i], value(w.data()[i])) << "weight " << i;
+        }
+        layers.push_back(L);
       }
-      for (ref::gemm_backend be : backends()) {
-        for (const int threads : {1, 2, 3}) {
-          for (const bool accumulate : {false, true}) {
-            ref::matrix c = c0;
-            ref::gemm_scratch scratch;
+      for (const Eigen::Index m : {Eigen::Index{1}, Eigen::Index{65}, Eigen::Index{260}}) {
+        ref::matrix a(m, k + 3);  // lda > k
+        for (Eigen::Index i = 0; i < a.size(); ++i) a.data()[i] = normal(rng);
+        ref::matrix c0(m, n + 5);  // ldc > n
+        for (Eigen::Index i = 0; i < c0.size(); ++i) c0.data()[i] = normal(rng);
+        // In double precision, over the values as the hardware sees them.
+        Eigen::MatrixXd ad(m, k), wd(k, n);
+        for (Eigen::Index r = 0; r < m; ++r) {
+          for (Eigen::Index i = 0; i < k; ++i) ad(r, i) = value(a(r, i));
+        }
+        for (Eigen::Index i = 0; i < k; ++i) {
+          for (Eigen::Index j = 0; j < n; ++j) wd(i, j) = value(transposed ? w(j, i) : w(i, j));
+        }
+        const Eigen::MatrixXd product = ad * wd;
+        const Eigen::MatrixXd magnitude = ad.cwiseAbs() * wd.cwiseAbs();
+        for (const ref::linear& L : layers) {
+          for (ref::gemm_backend be : backends()) {
+            for (const int threads : {1, 2, 3}) {
+              for (const bool accumulate : {false, true}) {
+                ref::matrix c = c0;
+                ref::gemm_scratch scratch;
 #ifdef _OPENMP
-            const int saved = omp_get_max_threads();
-            omp_set_num_threads(threads);
+                const int saved = omp_get_max_threads();
+                omp_set_num_threads(threads);
 #endif
-            b16.apply(be, m, a.data(), a.cols(), c.data(), c.cols(), accumulate, scratch);
+                L.apply(be, m, a.data(), a.cols(), c.data(), c.cols(), accumulate, scratch);
 #ifdef _OPENMP
-            omp_set_num_threads(saved);
+                omp_set_num_threads(saved);
 #endif
-            double worst = 0;
-            for (Eigen::Index r = 0; r < m; ++r) {
-              for (Eigen::Index j = 0; j < n; ++j) {
-                const double want = product(r, j) + (accumulate ? c0(r, j) : 0.0);
-                worst = std::max(
-                    worst, std::fabs(c(r, j) - want) / (magnitude(r, j) + std::fabs(c0(r, j))));
-              }
-              for (Eigen::Index j = n; j < c.cols(); ++j) {
-                ASSERT_EQ(c(r, j), c0(r, j)) << "wrote past the output's columns";
+                double worst = 0;
+                for (Eigen::Index r = 0; r < m; ++r) {
+                  for (Eigen::Index j = 0; j < n; ++j) {
+                    const double want = product(r, j) + (accumulate ? c0(r, j) : 0.0);
+                    worst = std::max(
+                        worst, std::fabs(c(r, j) - want) / (magnitude(r, j) + std::fabs(c0(r, j))));
+                  }
+                  for (Eigen::Index j = n; j < c.cols(); ++j) {
+                    ASSERT_EQ(c(r, j), c0(r, j)) << "wrote past the output's columns";
+                  }
+                }
+                EXPECT_LE(worst, 1e-5)
+                    << (b16 ? "bf16 " + ref::bf16_path(be).describe() : std::string("fp32"))
+                    << " on " << ref::backend_name(be) << ", held by oneDNN " << L.held_by_onednn()
+                    << ", " << m << " rows, " << threads << " threads, transposed " << transposed
+                    << ", accumulate " << accumulate;
               }
             }
-            EXPECT_LE(worst, 1e-5)
-                << ref::bf16_path(be).describe() << ", " << m << " rows, " << threads
-                << " threads, transposed " << transposed << ", accumulate " << accumulate;
           }
         }
       }
@@ -325,27 +350,40 @@ TEST(Reference, Bf16LinearHoldsHalfTheBytesAndEqualsTheRoundedProduct) {
   }
 }
 
-// A bf16 model holds its projections at 2 bytes a weight (counted from the config here), and the
-// memory a bf16 prefill reports is what the estimate from shapes said, on every path.
+// A bf16 model holds its projections at 2 bytes a weight (counted from the config here; plain,
+// and in oneDNN's padded layout at most a tenth more), and the memory a prefill reports is what
+// the estimate from shapes said, for both weight types, both layouts, on every backend.
 TEST(Reference, Bf16ModelHoldsHalfItsProjectionsAndEstimatesItsMemory) {
   std::mt19937_64 rng(32);
   const ref::config c = random_config(rng);
   const std::uint64_t seed = rng();
-  const ref::model f32(c, seed), bf16(c, seed, {ref::weight_type::bf16});
   const double h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
   const double projections = c.n_layers * (h * (q + 2 * kv) + q * h + 3 * h * f);
-  EXPECT_EQ(static_cast<double>(f32.weight_bytes() - bf16.weight_bytes()), 2 * projections);
   EXPECT_EQ(ref::weight_bytes(c) - ref::weight_bytes(c, ref::weight_type::bf16), 2 * projections);
   const std::vector<int> len{60, 3, 17, 41};
   const auto prompts = random_prompts(rng, len, c.vocab);
   const auto l = prepack::make_layout(prepack::first_fit_decreasing(len), prompts);
-  for (ref::gemm_backend be : backends()) {
-    for (const int threads : {1, 2}) {
-      const auto est = bf16.estimate_memory(l.n_rows(), l.width(), l.n_prompts(), 60,
-                                            ref::attention::segment, threads, be);
-      const auto got = bf16.prefill(l, {ref::attention::segment, threads, be}).memory;
-      EXPECT_EQ(est.activation_bytes, got.activation_bytes) << ref::bf16_path(be).describe();
-      EXPECT_EQ(est.peak_bytes, got.peak_bytes) << ref::bf16_path(be).describe();
+  for (ref::gemm_backend layout : backends()) {
+    const ref::model f32(c, seed, {ref::weight_type::f32, layout});
+    const ref::model bf16(c, seed, {ref::weight_type::bf16, layout});
+    const double saved = static_cast<double>(f32.weight_bytes() - bf16.weight_bytes());
+    if (layout == ref::gemm_backend::eigen) {
+      EXPECT_EQ(saved, 2 * projections);
+    } else {
+      EXPECT_GE(saved, 1.8 * projections) << "oneDNN's layout";
+    }
+    for (const ref::model* m : {&f32, &bf16}) {
+      for (ref::gemm_backend be : backends()) {
+        for (const int threads : {1, 2}) {
+          const auto est = m->estimate_memory(l.n_rows(), l.width(), l.n_prompts(), 60,
+                                              ref::attention::segment, threads, be);
+          const auto got = m->prefill(l, {ref::attention::segment, threads, be}).memory;
+          const std::string what = std::string(m == &bf16 ? "bf16 " : "fp32 ") + "laid out for " +
+                                   ref::backend_name(layout) + " on " + ref::backend_name(be);
+          EXPECT_EQ(est.activation_bytes, got.activation_bytes) << what;
+          EXPECT_EQ(est.peak_bytes, got.peak_bytes) << what;
+        }
+      }
     }
   }
 }

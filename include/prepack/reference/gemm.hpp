@@ -26,10 +26,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../error.hpp"
@@ -119,8 +121,11 @@ struct gemm_scratch {
   std::vector<std::uint16_t> bf16;  // [m][k]  activations as bf16 (native path)
   std::vector<float> rounded;       // [m][k]  activations rounded to bf16, as fp32 (emulated)
   std::vector<float> panels;        // [threads][k][panel]  weights widened to fp32 (emulated)
+  std::vector<float> dense;         // [m][k]  strided fp32 activations, made dense for oneDNN
+  std::vector<float> out;           // [m][n]  strided outputs, through oneDNN densely
   std::size_t bytes() const noexcept {
-    return bf16.size() * sizeof(std::uint16_t) + (rounded.size() + panels.size()) * sizeof(float);
+    return bf16.size() * sizeof(std::uint16_t) +
+           (rounded.size() + panels.size() + dense.size() + out.size()) * sizeof(float);
   }
 };
 
@@ -164,54 +169,144 @@ inline std::string onednn_isa() {
   return buf;
 }
 
-// The bf16 matmul primitives over weights the layer holds as plain bf16 ([k][n] row-major, or
-// [n][k] when transposed), read in place (no copy), with the row count of the activations given
-// at run time. Throws dnnl::error where this CPU has no bf16 matmul.
-struct onednn_bf16 {
+// A layer's weights as oneDNN's matmul primitive reads them, and the primitives. The layout is
+// oneDNN's choice for this shape, type and CPU (a blocked one, BA16a64b for fp32 on AVX-512),
+// asked once by creating a primitive that leaves the layout to it; every later primitive is made
+// for that layout: one per row count, activation / output stride and accumulate flag, on first
+// use, kept (the map is bounded: rows go in chunks of fewer than 64, or of a multiple of 64 up
+// to 4096). A layer's weights either live here (allocated by oneDNN, filled by a reorder) or are
+// the layer's own plain bf16 weights read in place. Throws dnnl::error where this CPU has no
+// matmul of the type.
+struct onednn_weights {
+  using dt = dnnl::memory::data_type;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::matmul matmul;  // C += A B
-  dnnl::matmul plain;   // C = A B
-  dnnl::memory::desc b_md;
+  dnnl::memory::desc md;  // the layout the weights are in
+  dnnl::memory mem;       // the weights
+  dt type = dt::f32;
   std::int64_t k = 0, n = 0;
 
-  onednn_bf16(std::int64_t k_, std::int64_t n_, bool transposed) : k(k_), n(n_) {
+  static constexpr std::int64_t chunk_rows = 64, max_rows = 4096;
+
+  // The layout oneDNN's matmul chooses for k x n weights of type t (f32 or bf16) on this CPU.
+  static dnnl::memory::desc choose(std::int64_t k, std::int64_t n, dt t) {
     using dnnl::memory;
-    const memory::desc a_md({DNNL_RUNTIME_DIM_VAL, k}, memory::data_type::bf16, {k, 1});
-    b_md = memory::desc({k, n}, memory::data_type::bf16,
-                        transposed ? memory::dims{1, k} : memory::dims{n, 1});
-    const memory::desc c_md({DNNL_RUNTIME_DIM_VAL, n}, memory::data_type::f32,
-                            {DNNL_RUNTIME_DIM_VAL, 1});
-    // Two primitives over the same weights: C = A B, and C += A B (the residual add).
-    plain =
-        dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
-    dnnl::post_ops po;
-    po.append_sum(1.0f);
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(po);
-    matmul = dnnl::matmul(
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine));
+    const dnnl::engine e(dnnl::engine::kind::cpu, 0);
+    const memory::desc a_md({chunk_rows, k}, t, {k, 1});
+    const memory::desc b_md({k, n}, t, memory::format_tag::any);
+    const memory::desc c_md({chunk_rows, n}, dt::f32, {n, 1});
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), e).weights_desc();
+  }
+  // The plain layout of k x n weights: [k][n] row-major, or [n][k] when transposed.
+  static dnnl::memory::desc plain(std::int64_t k, std::int64_t n, dt t, bool transposed) {
+    return {{k, n}, t, transposed ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1}};
+  }
+  // Columns of one block of the layout (1 for plain layouts): panels start at multiples of it.
+  static std::int64_t column_block(const dnnl::memory::desc& d) {
+    std::int64_t b = 1;
+    const auto& blk = d.data.format_desc.blocking;
+    for (int i = 0; i < blk.inner_nblks; ++i) {
+      if (blk.inner_idxs[i] == 1) b *= blk.inner_blks[i];
+    }
+    return b;
   }
 
-  void run(std::int64_t m, const std::uint16_t* a16, const std::uint16_t* b16, float* c,
+  // Weights in oneDNN's layout `layout`, filled from `src` (plain, of type src_type, [k][n] or
+  // [n][k] when transposed) by a reorder.
+  onednn_weights(const dnnl::memory::desc& layout, const void* src, dt src_type, bool transposed)
+      : md(layout),
+        mem(layout, engine),
+        type(layout.data_type()),
+        k(layout.dims()[0]),
+        n(layout.dims()[1]) {
+    dnnl::memory from(plain(k, n, src_type, transposed), engine, const_cast<void*>(src));
+    dnnl::stream s(engine);
+    dnnl::reorder(from, mem).execute(s, from, mem);
+    s.wait();
+  }
+  // The layout of plain bf16 weights held elsewhere (the layer's own), read in place: `mem`
+  // stays empty and run() is given them.
+  onednn_weights(std::int64_t k_, std::int64_t n_, bool transposed)
+      : md(plain(k_, n_, dt::bf16, transposed)), type(dt::bf16), k(k_), n(n_) {}
+
+  // c[m][n] (ldc) = (or += with `accumulate`) a[m][k] (lda, of this layer's type) * W, W the
+  // weights `weights` in this layout (mem's, or the layer's own).
+  void run(std::int64_t m, const void* a, std::int64_t lda, const void* weights, float* c,
            std::int64_t ldc, bool accumulate) const {
     using dnnl::memory;
     dnnl::stream s(engine);
-    memory am(memory::desc({m, k}, memory::data_type::bf16, {k, 1}), engine,
-              const_cast<std::uint16_t*>(a16));
-    memory bm(b_md, engine, const_cast<std::uint16_t*>(b16));
-    memory cm(memory::desc({m, n}, memory::data_type::f32, {ldc, 1}), engine, c);
-    (accumulate ? matmul : plain)
-        .execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    memory wm(md, engine, const_cast<void*>(weights));
+    const std::size_t elem = type == dt::f32 ? sizeof(float) : sizeof(std::uint16_t);
+    for (std::int64_t r0 = 0; r0 < m;) {
+      const std::int64_t left = m - r0;
+      const std::int64_t rows =
+          left < chunk_rows ? left : std::min(max_rows, left / chunk_rows * chunk_rows);
+      const dnnl::matmul& p = primitive(rows, lda, ldc, accumulate);
+      memory am(memory::desc({rows, k}, type, {lda, 1}), engine,
+                const_cast<char*>(static_cast<const char*>(a)) +
+                    static_cast<std::size_t>(r0 * lda) * elem);
+      memory cm(memory::desc({rows, n}, dt::f32, {ldc, 1}), engine, c + r0 * ldc);
+      p.execute(s, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, cm}});
+      r0 += rows;
+    }
     s.wait();
   }
+
+  // Output columns [c0, c0 + w) as fp32, [k][w] row-major, into `panel`: a reorder of a
+  // sub-memory (c0 a multiple of the column block; w too, or reaching n).
+  void widen(std::int64_t c0, std::int64_t w, float* panel) const {
+    using dnnl::memory;
+    memory from(md.submemory_desc({k, w}, {0, c0}), engine, mem.get_data_handle());
+    memory to(memory::desc({k, w}, dt::f32, {w, 1}), engine, panel);
+    dnnl::stream s(engine);
+    dnnl::reorder(from, to).execute(s, from, to);
+    s.wait();
+  }
+
+ private:
+  const dnnl::matmul& primitive(std::int64_t rows, std::int64_t lda, std::int64_t ldc,
+                                bool accumulate) const {
+    const std::lock_guard<std::mutex> lock(mu_);
+    const auto key = std::make_tuple(rows, lda, ldc, accumulate);
+    const auto it = prims_.find(key);
+    if (it != prims_.end()) return it->second;
+    using dnnl::memory;
+    const memory::desc a_md({rows, k}, type, {lda, 1});
+    const memory::desc c_md({rows, n}, dt::f32, {ldc, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {  // C += A B: the residual add
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    dnnl::matmul p(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, md, c_md), attr, engine));
+    return prims_.emplace(key, std::move(p)).first->second;
+  }
+  mutable std::mutex mu_;
+  mutable std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t, bool>, dnnl::matmul> prims_;
 };
+
+// Whether a k x n layer of type t laid out for oneDNN is held in oneDNN's own layout: where
+// the matmul chooses one that is not plain and whose column blocks divide 64 (the panels' unit);
+// else the layer stays plain (fp32 on AVX2, where oneDNN chooses plain; bf16 where this CPU
+// has no bf16 matmul). nullopt: plain.
+inline std::optional<dnnl::memory::desc> onednn_layout(std::int64_t k, std::int64_t n,
+                                                       dnnl::memory::data_type t) {
+  try {
+    const dnnl::memory::desc d = onednn_weights::choose(k, n, t);
+    if (d == onednn_weights::plain(k, n, t, false)) return std::nullopt;
+    if (64 % onednn_weights::column_block(d) != 0) return std::nullopt;
+    return d;
+  } catch (const dnnl::error&) {
+    return std::nullopt;
+  }
+}
 
 // Whether oneDNN runs a bf16 matmul on this CPU: decided once, by creating a small one.
 inline bf16_support onednn_bf16_support() {
   static const bf16_support support = [] {
     bf16_support s;
     try {
-      const onednn_bf16 probe(16, 16, false);
+      (void)onednn_weights::choose(16, 16, dnnl::memory::data_type::bf16);
       s.native = true;
     } catch (const dnnl::error&) {
       s.native = false;
@@ -249,67 +344,146 @@ inline bf16_support bf16_path(gemm_backend b) {
   return {false, "eigen"};
 }
 
+/// Whether a layer of in x out weights of type t, laid out for backend `layout`, is held in
+/// oneDNN's own layout on this CPU: `layout` resolves to oneDNN and its matmul chooses a layout
+/// that is not plain (fp32 on AVX-512; bf16 where this CPU has a bf16 matmul), with column blocks
+/// dividing 64. Cost: creating one primitive descriptor. Throws what resolve() throws.
+inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gemm_backend layout) {
+#ifdef PREPACK_HAVE_ONEDNN
+  if (resolve(layout) != gemm_backend::onednn) return false;
+  return detail::onednn_layout(
+             in, out,
+             t == weight_type::f32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16)
+      .has_value();
+#else
+  (void)in, (void)out, (void)t, (void)resolve(layout);
+  return false;
+#endif
+}
+
 /// One linear layer's weight, prepared once: w is [in][out] (y = x w), or [out][in] when
-/// `transposed` (y = x w^T: the LM head of a model whose embedding is tied to it). fp32 weights
-/// are held as given; bf16 weights are held only as bf16 (2 bytes a weight, half of fp32): the
-/// native path multiplies them in place, the emulated paths widen a panel of columns at a time
-/// into per-thread scratch (exact: a bf16 value is an fp32 value) and multiply that.
+/// `transposed` (y = x w^T: the LM head of a model whose embedding is tied to it), held once:
+/// - laid out for oneDNN (`layout` resolves to it), where its matmul chooses its own layout for
+///   this shape and type (held_by_onednn): only in that layout (4 or 2 bytes a weight, plus the
+///   layout's padding to its blocks), multiplied by matmul primitives made once per row count.
+///   This is what makes few rows (decode) stream the weights at the memory's speed: over plain
+///   weights oneDNN repacks them on every call. A call on the Eigen backend (or emulated bf16)
+///   widens a panel of columns at a time into scratch through oneDNN reorders (exact).
+/// - else plain, as given: fp32 as is (dnnl_sgemm or Eigen read it in place); bf16 as bf16,
+///   which oneDNN's bf16 matmul reads in place where this CPU has one, and the emulated paths
+///   widen a panel of columns at a time into per-thread scratch (exact: a bf16 value is an fp32
+///   value).
+/// Cost of building: one pass over the weights (a reorder, or a rounding to bf16 and a reorder).
 class linear {
  public:
   linear() = default;
-  linear(matrix w, bool transposed, weight_type type)
+  linear(matrix w, bool transposed, weight_type type, gemm_backend layout = gemm_backend::automatic)
       : rows_(w.rows()), cols_(w.cols()), transposed_(transposed), type_(type) {
-    if (type_ == weight_type::f32) {
+    const bool held = reference::held_by_onednn(in(), out(), type, layout);
+    if (type_ == weight_type::f32 && !held) {
       w_ = std::move(w);
       return;
     }
-    w16_.resize(static_cast<std::size_t>(w.size()));
-    const float* src = w.data();
-    std::uint16_t* dst = w16_.data();
-    const std::size_t size = w16_.size();
-    PREPACK_OMP(parallel for schedule(static))
-    for (std::size_t i = 0; i < size; ++i) dst[i] = bfloat16::from_float(src[i]);
+    if (type_ == weight_type::bf16) {
+      w16_.resize(static_cast<std::size_t>(w.size()));
+      const float* src = w.data();
+      std::uint16_t* dst = w16_.data();
+      const std::size_t size = w16_.size();
+      PREPACK_OMP(parallel for schedule(static))
+      for (std::size_t i = 0; i < size; ++i) dst[i] = bfloat16::from_float(src[i]);
+      w = matrix();
+    }
+#ifdef PREPACK_HAVE_ONEDNN
+    if (held) {
+      using dt = dnnl::memory::data_type;
+      const dt t = type_ == weight_type::f32 ? dt::f32 : dt::bf16;
+      const auto md = detail::onednn_layout(in(), out(), t);
+      try {
+        held_ = std::make_shared<const detail::onednn_weights>(
+            *md, t == dt::f32 ? static_cast<const void*>(w.data()) : w16_.data(), t, transposed_);
+      } catch (const dnnl::error& e) {
+        prepack::detail::fail("oneDNN reorder of ", in(), " x ", out(), " weights: ", e.what());
+      }
+      w16_ = std::vector<std::uint16_t>();
+    }
+#endif
   }
   Eigen::Index in() const noexcept { return transposed_ ? cols_ : rows_; }
   Eigen::Index out() const noexcept { return transposed_ ? rows_ : cols_; }
   bool transposed() const noexcept { return transposed_; }
   weight_type type() const noexcept { return type_; }
-  /// The fp32 weights as held (f32 layers only; empty for bf16 ones).
+  /// Whether the weights are held in oneDNN's own layout (see the class comment).
+  bool held_by_onednn() const noexcept {
+#ifdef PREPACK_HAVE_ONEDNN
+    return held_ != nullptr;
+#else
+    return false;
+#endif
+  }
+  /// The fp32 weights held plain (fp32 layers not held by oneDNN; else empty).
   const matrix& weights() const noexcept { return w_; }
-  /// The bf16 weights as held, row-major in the layout w was given in (bf16 layers only).
+  /// The bf16 weights held plain, row-major in the layout w was given in (bf16 layers not held
+  /// by oneDNN; else empty).
   const std::vector<std::uint16_t>& weights_bf16() const noexcept { return w16_; }
-  /// Bytes of the weights held: 4 a weight (fp32) or 2 (bf16).
+  /// The weights as multiplied, as fp32 in the layout w was given in, whichever way they are
+  /// held: a copy (in out floats), for inspection and tests.
+  matrix widened() const {
+    matrix m(rows_, cols_);
+#ifdef PREPACK_HAVE_ONEDNN
+    if (held_) {
+      using dnnl::memory;
+      memory from = held_->mem;
+      memory to(detail::onednn_weights::plain(in(), out(), memory::data_type::f32, transposed_),
+                held_->engine, m.data());
+      dnnl::stream s(held_->engine);
+      dnnl::reorder(from, to).execute(s, from, to);
+      s.wait();
+      return m;
+    }
+#endif
+    if (type_ == weight_type::f32) return w_;
+    for (Eigen::Index i = 0; i < m.size(); ++i) {
+      m.data()[i] = bfloat16::to_float(w16_[static_cast<std::size_t>(i)]);
+    }
+    return m;
+  }
+  /// Bytes of the weights held: 4 a weight (fp32) or 2 (bf16), and the padding of oneDNN's
+  /// layout to its blocks where it holds them.
   std::size_t bytes() const noexcept {
+#ifdef PREPACK_HAVE_ONEDNN
+    if (held_) return held_->md.get_size();
+#endif
     return type_ == weight_type::f32 ? static_cast<std::size_t>(w_.size()) * sizeof(float)
                                      : w16_.size() * sizeof(std::uint16_t);
   }
 
-  /// Columns of the fp32 panel each thread widens bf16 weights into on the emulated paths (a
-  /// multiple of 16, about 4 MiB of fp32 for this input width), and its floats.
+  /// Columns of the fp32 panel each thread widens weights into on the paths that widen (a
+  /// multiple of 64, about 4 MiB of fp32 for this input width).
   static Eigen::Index panel_cols(Eigen::Index in, Eigen::Index out) {
     const Eigen::Index budget = (Eigen::Index{1} << 20) / std::max<Eigen::Index>(in, 1);
-    return std::max<Eigen::Index>(16, std::min<Eigen::Index>(out, budget / 16 * 16));
-  }
-  /// Floats of emulated-path panel scratch a call with n_threads threads uses.
-  std::size_t panel_floats(int n_threads) const {
-    if (type_ != weight_type::bf16) return 0;
-    return static_cast<std::size_t>(n_threads) * static_cast<std::size_t>(in()) *
-           static_cast<std::size_t>(panel_cols(in(), out()));
+    return std::max<Eigen::Index>(64, std::min<Eigen::Index>(out, budget / 64 * 64));
   }
 
   /// c[m][out] (ldc) = a[m][in] (lda) * W, or += with `accumulate`. 2 m in out FLOPs, plus for
-  /// bf16 weights m in roundings of the activations into `scratch` and, on the emulated paths,
-  /// in out widenings of the weights. Throws prepack::error naming the shape if oneDNN fails
-  /// (it does not on shapes it accepted when the layer was built).
+  /// bf16 weights m in roundings of the activations into `scratch` and, on the paths that widen
+  /// panels, in out widenings of the weights. Throws prepack::error naming the shape if oneDNN
+  /// fails (it does not on shapes it accepted when the layer was built).
   void apply(gemm_backend backend, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
              Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
     if (m == 0) return;
     const gemm_backend be = resolve(backend);
-    if (type_ == weight_type::bf16) {
-      apply_bf16(be, m, a, lda, c, ldc, accumulate, scratch);
+#ifdef PREPACK_HAVE_ONEDNN
+    if (be == gemm_backend::onednn &&
+        (held_ || (type_ == weight_type::bf16 && detail::onednn_bf16_support().native))) {
+      apply_onednn(m, a, lda, c, ldc, accumulate, scratch);
       return;
     }
-    gemm(be, m, a, lda, w_.data(), w_.cols(), transposed_, out(), c, ldc, accumulate);
+#endif
+    if (type_ == weight_type::f32 && !held_by_onednn()) {
+      gemm(be, m, a, lda, w_.data(), w_.cols(), transposed_, out(), c, ldc, accumulate);
+      return;
+    }
+    apply_panels(be, m, a, lda, c, ldc, accumulate, scratch);
   }
 
  private:
@@ -351,37 +525,73 @@ class linear {
     }
   }
 
-  void apply_bf16(gemm_backend be, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
-                  Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
-    const Eigen::Index k = in();
-    const std::size_t size = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
 #ifdef PREPACK_HAVE_ONEDNN
-    if (be == gemm_backend::onednn && detail::onednn_bf16_support().native) {
-      if (scratch.bf16.size() < size) scratch.bf16.resize(size);
+  // oneDNN's matmul over the weights it holds, or over plain bf16 weights read in place. Its
+  // fast kernels take dense rows only (over strided ones oneDNN falls back to a reference
+  // loop): strided activations are copied into scratch first (the model's one case: the down
+  // projection reads the gate half of gate | up), strided outputs go through scratch.
+  void apply_onednn(Eigen::Index m, const float* a, Eigen::Index lda, float* c, Eigen::Index ldc,
+                    bool accumulate, gemm_scratch& scratch) const {
+    const Eigen::Index k = in(), n = out();
+    const detail::onednn_weights& w = held_ ? *held_ : native();
+    const void* weights = held_ ? held_->mem.get_data_handle() : w16_.data();
+    const std::size_t mk = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
+    const void* x = a;
+    if (type_ == weight_type::bf16) {
+      if (scratch.bf16.size() < mk) scratch.bf16.resize(mk);
       detail::round_rows(m, k, a, lda, scratch.bf16.data(),
-                         [](float x) { return bfloat16::from_float(x); });
-      try {
-        native().run(m, scratch.bf16.data(), w16_.data(), c, ldc, accumulate);
-      } catch (const dnnl::error& e) {
-        prepack::detail::fail("oneDNN bf16 matmul of ", m, " x ", k, " by ", k, " x ", out(),
-                              " on ", detail::onednn_isa(), ": ", e.what());
-      }
-      return;
+                         [](float v) { return bfloat16::from_float(v); });
+      x = scratch.bf16.data();
+    } else if (lda != k) {
+      if (scratch.dense.size() < mk) scratch.dense.resize(mk);
+      detail::round_rows(m, k, a, lda, scratch.dense.data(), [](float v) { return v; });
+      x = scratch.dense.data();
     }
+    float* y = c;
+    if (ldc != n) {
+      const std::size_t mn = static_cast<std::size_t>(m) * static_cast<std::size_t>(n);
+      if (scratch.out.size() < mn) scratch.out.resize(mn);
+      y = scratch.out.data();
+      if (accumulate) detail::round_rows(m, n, c, ldc, y, [](float v) { return v; });
+    }
+    try {
+      w.run(m, x, k, weights, y, n, accumulate);
+    } catch (const dnnl::error& e) {
+      prepack::detail::fail("oneDNN ", type_ == weight_type::f32 ? "fp32" : "bf16", " matmul of ",
+                            m, " x ", k, " by ", k, " x ", n, " on ", detail::onednn_isa(), ": ",
+                            e.what());
+    }
+    if (y != c) {
+      PREPACK_OMP(parallel for schedule(static))
+      for (Eigen::Index r = 0; r < m; ++r) std::copy_n(y + r * n, n, c + r * ldc);
+    }
+  }
 #endif
-    // Emulated: the same function through fp32 GEMMs over bf16-rounded activations and the
-    // weights widened a panel of output columns at a time, the panels shared among the threads
-    // (each thread's GEMM runs on that thread alone).
-    if (scratch.rounded.size() < size) scratch.rounded.resize(size);
-    detail::round_rows(m, k, a, lda, scratch.rounded.data(),
-                       [](float x) { return bfloat16::to_float(bfloat16::from_float(x)); });
+
+  // The paths that widen the weights a panel of output columns at a time into fp32 scratch and
+  // multiply that with fp32 GEMMs: bf16 weights where oneDNN's bf16 matmul does not run (over
+  // the activations rounded to bf16), and weights held by oneDNN on the Eigen backend.
+  void apply_panels(gemm_backend be, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
+                    Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
+    const Eigen::Index k = in();
+    const float* x = a;
+    Eigen::Index ldx = lda;
+    if (type_ == weight_type::bf16) {
+      const std::size_t size = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
+      if (scratch.rounded.size() < size) scratch.rounded.resize(size);
+      detail::round_rows(m, k, a, lda, scratch.rounded.data(),
+                         [](float v) { return bfloat16::to_float(bfloat16::from_float(v)); });
+      x = scratch.rounded.data();
+      ldx = k;
+    }
     const Eigen::Index n = out(), nb = panel_cols(k, n), panels = (n + nb - 1) / nb;
     const int threads = threads_for(0);
     const std::size_t per_thread = static_cast<std::size_t>(k) * static_cast<std::size_t>(nb);
     if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
       scratch.panels.resize(per_thread * static_cast<std::size_t>(threads));
     }
-    const float* x = scratch.rounded.data();
+    // Panels held by oneDNN widen to [k][w]; plain ones keep the layout w was given in.
+    const bool bt = transposed_ && !held_by_onednn();
     float* panel_base = scratch.panels.data();
     if (m >= wide_rows) {
       // Many rows: each panel (threads panels' worth of columns) widened by all threads, then
@@ -390,7 +600,7 @@ class linear {
       for (Eigen::Index c0 = 0; c0 < n; c0 += wide) {
         const Eigen::Index w = std::min(wide, n - c0);
         widen_panel(c0, w, panel_base, true);
-        gemm(be, m, x, k, panel_base, transposed_ ? k : w, transposed_, w, c + c0, ldc, accumulate);
+        gemm(be, m, x, ldx, panel_base, bt ? k : w, bt, w, c + c0, ldc, accumulate);
       }
       return;
     }
@@ -401,9 +611,9 @@ class linear {
     for (Eigen::Index p = 0; p < panels; ++p) {
       float* panel = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
       const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0);
-      widen_panel(c0, w, panel, false);
       try {
-        gemm(be, m, x, k, panel, transposed_ ? k : w, transposed_, w, c + c0, ldc, accumulate);
+        widen_panel(c0, w, panel, false);
+        gemm(be, m, x, ldx, panel, bt ? k : w, bt, w, c + c0, ldc, accumulate);
       } catch (const std::exception& e) {
         if (!failed.exchange(true)) failure = e.what();
       }
@@ -411,12 +621,19 @@ class linear {
     if (failed) throw prepack::error(failure);
   }
 
-  // Rows of activations from which the emulated path multiplies with all threads per GEMM.
+  // Rows of activations from which the panel paths multiply with all threads per GEMM.
   static constexpr Eigen::Index wide_rows = 256;
 
-  // Output columns [c0, c0 + w) of the weights, widened to fp32: [k][w], or [w][k] transposed;
-  // the rows shared among the threads when `parallel`.
+  // Output columns [c0, c0 + w) of the weights, widened to fp32: [k][w] (held by oneDNN, or
+  // plain), or [w][k] (plain, transposed); plain rows shared among the threads when `parallel`
+  // (a oneDNN reorder shares them itself outside a parallel region).
   void widen_panel(Eigen::Index c0, Eigen::Index w, float* panel, bool parallel) const {
+#ifdef PREPACK_HAVE_ONEDNN
+    if (held_) {
+      held_->widen(c0, w, panel);
+      return;
+    }
+#endif
     const Eigen::Index k = in();
     const Eigen::Index rows = transposed_ ? w : k, cols = transposed_ ? k : w;
     const std::uint16_t* src = w16_.data() + (transposed_ ? static_cast<std::size_t>(c0 * k)
@@ -432,23 +649,24 @@ class linear {
   }
 
 #ifdef PREPACK_HAVE_ONEDNN
-  // oneDNN's primitives over the bf16 weights, made once on first use (the support check above
-  // has created one already, so this does not fail for want of an ISA); copies share them.
+  // The primitives over plain bf16 weights read in place, made once on first use (the support
+  // check has created one already, so this does not fail for want of an ISA); copies share them.
   struct native_state {
     std::once_flag once;
-    std::unique_ptr<detail::onednn_bf16> prim;
+    std::unique_ptr<detail::onednn_weights> prim;
   };
-  const detail::onednn_bf16& native() const {
+  const detail::onednn_weights& native() const {
     std::call_once(native_->once, [&] {
-      native_->prim = std::make_unique<detail::onednn_bf16>(in(), out(), transposed_);
+      native_->prim = std::make_unique<detail::onednn_weights>(in(), out(), transposed_);
     });
     return *native_->prim;
   }
   std::shared_ptr<native_state> native_ = std::make_shared<native_state>();
+  std::shared_ptr<const detail::onednn_weights> held_;  // the weights in oneDNN's layout
 #endif
 
-  matrix w_;                          // fp32: [in][out], or [out][in] when transposed
-  std::vector<std::uint16_t> w16_;    // bf16: the same layout
+  matrix w_;                          // fp32, plain: [in][out], or [out][in] when transposed
+  std::vector<std::uint16_t> w16_;    // bf16, plain: the same layout
   Eigen::Index rows_ = 0, cols_ = 0;  // of w as given
   bool transposed_ = false;
   weight_type type_ = weight_type::f32;

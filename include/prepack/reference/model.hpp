@@ -75,6 +75,11 @@ struct prefill_options {
 /// How the model holds its weights.
 struct model_options {
   weight_type weights = weight_type::f32;
+  /// The backend the weights are laid out for: oneDNN (the default in builds with it) holds
+  /// each projection (and an untied LM head) in its own blocked layout where it chooses one on
+  /// this CPU, which few-row GEMMs (decode) need to stream weights at the memory's speed; Eigen
+  /// holds them plain. Calls may still run on either backend (see linear).
+  gemm_backend layout = gemm_backend::automatic;
 };
 
 /// Where a forward pass spent its time, and the work it did.
@@ -360,6 +365,7 @@ class model {
   void prepare(weight_source& src) {
     const config& c = cfg_;
     const weight_type wt = opt_.weights;
+    const gemm_backend lay = opt_.layout;
     matrix embed = src.embed();
     detail::check_shape(embed, c.vocab, c.hidden, "embed");
     for (int li = 0; li < c.n_layers; ++li) {
@@ -369,31 +375,32 @@ class model {
       matrix qkv(c.hidden, c.q_dim() + 2 * c.kv_dim());
       qkv << lw.wq, lw.wk, lw.wv;
       qkv = lw.attn_norm.asDiagonal() * qkv;
-      L.qkv = linear(std::move(qkv), false, wt);
+      L.qkv = linear(std::move(qkv), false, wt, lay);
       if (c.qkv_bias) {
         L.qkv_bias.resize(c.q_dim() + 2 * c.kv_dim());
         L.qkv_bias << lw.bq, lw.bk, lw.bv;
       }
       L.q_norm = std::move(lw.q_norm);
       L.k_norm = std::move(lw.k_norm);
-      L.o = linear(std::move(lw.wo), false, wt);
+      L.o = linear(std::move(lw.wo), false, wt, lay);
       matrix gu(c.hidden, 2 * c.ffn);
       gu << lw.w_gate, lw.w_up;
       gu = lw.mlp_norm.asDiagonal() * gu;
-      L.gate_up = linear(std::move(gu), false, wt);
-      L.down = linear(std::move(lw.w_down), false, wt);
+      L.gate_up = linear(std::move(gu), false, wt, lay);
+      L.down = linear(std::move(lw.w_down), false, wt, lay);
       layers_.push_back(std::move(L));
     }
     final_norm_ = src.final_norm();
     detail::check_shape(final_norm_, c.hidden, "final_norm");
     matrix head = src.lm_head();
     check_lm_head(c, head);
-    // The LM head runs over a few rows per batch: fp32 always. Tied: one matrix serves both.
+    // The LM head runs over a few rows per batch: fp32 always. Tied: one plain matrix serves
+    // both (the embedding reads its rows).
     if (c.tied_embeddings) {
-      lm_head_ = linear(std::move(embed), true, weight_type::f32);
+      lm_head_ = linear(std::move(embed), true, weight_type::f32, gemm_backend::eigen);
     } else {
       embed_ = std::move(embed);
-      lm_head_ = linear(std::move(head), false, weight_type::f32);
+      lm_head_ = linear(std::move(head), false, weight_type::f32, lay);
     }
   }
 
@@ -452,10 +459,10 @@ class model {
     const std::lock_guard<std::mutex> guard(work_.lock);
     detail::workspace& w = work_.work;
     w.reserve(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n());
-    memory = detail::total_memory(
-        store.bytes,
-        w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(), opt_.weights, backend),
-        b.mask_bytes);
+    memory = detail::total_memory(store.bytes,
+                                  w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(),
+                                          opt_.weights, backend, opt_.layout),
+                                  b.mask_bytes);
     detail::pass p(w, cfg_, b, threads.n(), backend);
     const Eigen::Index hidden = cfg_.hidden, ffn = cfg_.ffn, q_dim = cfg_.q_dim();
     embed(p, b);
@@ -592,21 +599,23 @@ class model {
 };
 
 /// What a prefill over n_rows x width slots holding n_prompts prompts (the longest `longest`
-/// tokens) allocates (prefill_result::memory) with weights of type `weights`, from shapes alone,
+/// tokens) allocates (prefill_result::memory) with weights of type `weights` laid out for
+/// `layout` (model_options::layout), multiplied on `backend`, from shapes alone,
 /// with the forward pass's own accounting and without changing any thread setting. Throws
 /// prepack::error if a size overflows size_t, c is invalid, or n_threads < 0.
 inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows, std::size_t width,
                                             std::size_t n_prompts, std::size_t longest,
                                             attention path, int n_threads = 0,
                                             weight_type weights = weight_type::f32,
-                                            gemm_backend backend = gemm_backend::automatic) {
+                                            gemm_backend backend = gemm_backend::automatic,
+                                            gemm_backend layout = gemm_backend::automatic) {
   c.validate();
   const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
   detail::workspace w;  // counts, allocates nothing
   const auto work =
       w.bytes(c, slots, n_prompts,
               static_cast<std::int64_t>(path == attention::dense ? width : longest) - 1,
-              threads_for(n_threads), weights, backend);
+              threads_for(n_threads), weights, backend, layout);
   const std::size_t kv = prepack::detail::mul(
       prepack::detail::mul(2 * static_cast<std::size_t>(c.n_layers), slots, "KV cache"),
       static_cast<std::size_t>(c.kv_dim()) * sizeof(float), "KV cache");
@@ -623,7 +632,7 @@ inline memory_stats model::estimate_memory(std::size_t n_rows, std::size_t width
                                            attention path, int n_threads,
                                            gemm_backend backend) const {
   return estimate_prefill_memory(cfg_, n_rows, width, n_prompts, longest, path, n_threads,
-                                 opt_.weights, backend);
+                                 opt_.weights, backend, opt_.layout);
 }
 
 }  // namespace reference

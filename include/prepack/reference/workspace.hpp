@@ -109,10 +109,12 @@ class workspace {
   }
 
   // Bytes of a pass's activations (RoPE table, and with bf16 weights the rounded activations,
-  // included) and per-thread attention scratch.
+  // included) and per-thread attention scratch, for projections of type `weights` laid out for
+  // `layout`, multiplied on `backend`.
   std::pair<std::size_t, std::size_t> bytes(const config& c, std::size_t n, std::size_t n_out,
                                             std::int64_t max_pos, int n_threads,
-                                            weight_type weights, gemm_backend backend) {
+                                            weight_type weights, gemm_backend backend,
+                                            gemm_backend layout) {
     using prepack::detail::add;
     using prepack::detail::mul;
     std::size_t act = 0;
@@ -124,28 +126,43 @@ class workspace {
               mul(static_cast<std::size_t>(max_pos + 1),
                   static_cast<std::size_t>(c.rotary_dim() / 2) * 2 * sizeof(float), "RoPE table"),
               "activations");
+    const bool native = weights == weight_type::bf16 && bf16_path(backend).native;
     if (weights == weight_type::bf16) {
-      // Native: the activations as bf16. Emulated: rounded, as fp32, and each thread's panel of
-      // weights widened to fp32.
-      const bool native = bf16_path(backend).native;
+      // Native: the activations as bf16. Emulated: rounded, as fp32.
       act = add(act,
                 mul(mul(n, gemm_k(c), "bf16 activations"),
                     native ? sizeof(std::uint16_t) : sizeof(float), "bf16 activations"),
                 "activations");
-      if (!native) {
-        const auto panel = [](Eigen::Index in, Eigen::Index out) {
-          return static_cast<std::size_t>(in) *
-                 static_cast<std::size_t>(linear::panel_cols(in, out));
-        };
-        const std::size_t widest = std::max(
-            {panel(c.hidden, c.q_dim() + 2 * c.kv_dim()), panel(c.q_dim(), c.hidden),
-             panel(c.hidden, 2 * static_cast<Eigen::Index>(c.ffn)), panel(c.ffn, c.hidden)});
-        act = add(act,
-                  mul(mul(static_cast<std::size_t>(n_threads), widest, "bf16 panels"),
-                      sizeof(float), "bf16 panels"),
-                  "activations");
-      }
     }
+    // fp32 on oneDNN's held layout: the down projection's strided input (the gate half of
+    // gate | up) made dense.
+    const bool eigen = resolve(backend) == gemm_backend::eigen;
+    if (weights == weight_type::f32 && !eigen &&
+        held_by_onednn(c.ffn, c.hidden, weight_type::f32, layout)) {
+      act = add(act,
+                mul(mul(n, static_cast<std::size_t>(c.ffn), "dense activations"), sizeof(float),
+                    "dense activations"),
+                "activations");
+    }
+    // Each thread's panel of weights widened to fp32, for the widest GEMM that widens: every
+    // bf16 one on the emulated paths, and on the Eigen backend the fp32 ones oneDNN holds.
+    const auto panel = [&](Eigen::Index in, Eigen::Index out, weight_type t) -> std::size_t {
+      const bool widens = t == weight_type::bf16
+                              ? !native
+                              : eigen && held_by_onednn(in, out, weight_type::f32, layout);
+      return widens ? static_cast<std::size_t>(in) *
+                          static_cast<std::size_t>(linear::panel_cols(in, out))
+                    : 0;
+    };
+    const auto ffn = static_cast<Eigen::Index>(c.ffn);
+    std::size_t widest = std::max(
+        {panel(c.hidden, c.q_dim() + 2 * c.kv_dim(), weights), panel(c.q_dim(), c.hidden, weights),
+         panel(c.hidden, 2 * ffn, weights), panel(ffn, c.hidden, weights)});
+    if (!c.tied_embeddings) widest = std::max(widest, panel(c.hidden, c.vocab, weight_type::f32));
+    act = add(act,
+              mul(mul(static_cast<std::size_t>(n_threads), widest, "weight panels"), sizeof(float),
+                  "weight panels"),
+              "activations");
     const std::size_t scratch = static_cast<std::size_t>(n_threads) *
                                 attention_scratch::bytes_for(tile_rows(c), c.head_size());
     return {act, scratch};
