@@ -525,8 +525,12 @@ void register_kernel() {
   std::vector<ref::gemm_backend> backends{ref::gemm_backend::eigen};
   if (ref::onednn_available()) backends.push_back(ref::gemm_backend::onednn);
   for (ref::weight_type wt : {ref::weight_type::f32, ref::weight_type::bf16}) {
-    keep.push_back(build(ms, ref::model_options{wt}));
-    const ref::model* m = keep.back().get();
+    // Each backend multiplies weights laid out for it (model_options::layout).
+    std::map<ref::gemm_backend, const ref::model*> laid_out;
+    for (ref::gemm_backend be : backends) {
+      keep.push_back(build(ms, ref::model_options{wt, be}));
+      laid_out[be] = keep.back().get();
+    }
     for (const case_t& cs : cases) {
       auto prompts = std::make_shared<std::vector<std::vector<int>>>(
           support::generate_prompts(cs.lengths, ms.cfg.vocab, 5));
@@ -536,6 +540,7 @@ void register_kernel() {
         // bf16 on Eigen is an emulation (bf16-rounded fp32 GEMMs) that proves equality, not speed.
         if (wt == ref::weight_type::bf16 && be == ref::gemm_backend::eigen && !g_opt.smoke)
           continue;
+        const ref::model* m = laid_out.at(be);
         const std::string bname = ref::backend_name(be);
         const std::string wname = ref::weight_type_name(wt);
         const std::string name = "kernel/" + ms.name + "/" + cs.name + "/" + bname + "/" + wname;

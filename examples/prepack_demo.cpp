@@ -219,7 +219,7 @@ void admit(const options& o, const workload& w, const prepack::pack_plan<int>& p
     return static_cast<double>(ref::estimate_prefill_memory(
                                    c, rows, width, w.lengths.size(),
                                    static_cast<std::size_t>(w.longest()), p, o.model.threads,
-                                   o.model.options.weights, o.model.backend)
+                                   o.model.options.weights, o.model.backend, o.model.options.layout)
                                    .peak_bytes) +
            3.0 * static_cast<double>(rows * width * sizeof(int));
   };

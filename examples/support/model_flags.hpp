@@ -107,6 +107,7 @@ inline model_choice parse_model(const args& a, std::uint64_t seed) {
   m.backend = ref::resolve(backend == "eigen"    ? ref::gemm_backend::eigen
                            : backend == "onednn" ? ref::gemm_backend::onednn
                                                  : ref::gemm_backend::automatic);
+  m.options.layout = m.backend;  // the weights laid out for the backend that multiplies them
   m.threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
   m.memory_limit = static_cast<double>(a.integer("--memory-limit", 0, 1, std::int64_t{1} << 40)) *
                    1024.0 * 1024.0;

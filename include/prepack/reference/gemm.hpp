@@ -1,21 +1,23 @@
 // prepack/reference/gemm.hpp - the GEMMs behind the reference model's linear layers, through
-// the best library the build found: oneDNN (dnnl_sgemm for fp32, a matmul primitive for bf16
-// weights) when prepack::reference was configured with it (PREPACK_HAVE_ONEDNN), Eigen always.
-// The backend is chosen per call, so one binary can compare both.
+// the best library the build found: oneDNN (its matmul primitive over weights in its own blocked
+// layout; dnnl_sgemm over plain fp32) when prepack::reference was configured with it
+// (PREPACK_HAVE_ONEDNN), Eigen always. The backend is chosen per call, so one binary can compare
+// both; the weights' layout is chosen when a layer is built, for the backend it will mostly run
+// on (linear).
 //
 // bf16 weights run on every CPU. The function is the same everywhere: weights and activations
 // rounded to bf16, products accumulated in fp32. oneDNN's bf16 matmul computes it where this CPU
 // runs it (AVX512-BF16, AMX; decided once by creating the primitive; bf16_path() says which
-// ISA oneDNN dispatches to), reading the layer's bf16 weights in place; elsewhere, and on the
-// Eigen backend, fp32 GEMMs over the bf16 weights widened a panel at a time and the
-// bf16-rounded activations compute it (emulated). Either way a bf16 layer holds its weights once,
-// as bf16. The Eigen backend never calls oneDNN.
+// ISA oneDNN dispatches to); elsewhere, and on the Eigen backend, fp32 GEMMs over the bf16
+// weights widened a panel at a time and the bf16-rounded activations compute it (emulated).
+// Either way a bf16 layer holds its weights once, as bf16.
 //
 // Threads: both honour the caller's count through OpenMP (one runtime: oneDNN's is the GNU one
 // GCC builds use; builds on another runtime, clang's LLVM OpenMP, are configured without
-// oneDNN and say so). Cost: m * n * k multiply-adds; no allocation on the fp32 paths; the bf16
-// paths round the activations (and the emulated ones widen the weights' panels) into buffers
-// the caller keeps (gemm_scratch).
+// oneDNN and say so). Cost: m * n * k multiply-adds; no allocation on the plain fp32 paths; the
+// others round the activations, make strided ones dense or widen the weights' panels into
+// buffers the caller keeps (gemm_scratch), and oneDNN's make a primitive the first time a layer
+// sees a row count (rows go in chunks, so a layer makes at most about 130).
 #pragma once
 
 #include <Eigen/Core>
@@ -288,17 +290,27 @@ struct onednn_weights {
 // Whether a k x n layer of type t laid out for oneDNN is held in oneDNN's own layout: where
 // the matmul chooses one that is not plain and whose column blocks divide 64 (the panels' unit);
 // else the layer stays plain (fp32 on AVX2, where oneDNN chooses plain; bf16 where this CPU
-// has no bf16 matmul). nullopt: plain.
+// has no bf16 matmul). nullopt: plain. Asked of oneDNN once per shape and type (the memory
+// estimates ask on every pass), then remembered.
 inline std::optional<dnnl::memory::desc> onednn_layout(std::int64_t k, std::int64_t n,
                                                        dnnl::memory::data_type t) {
+  static std::mutex mu;
+  static std::map<std::tuple<std::int64_t, std::int64_t, int>, std::optional<dnnl::memory::desc>>
+      known;
+  const std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(k, n, static_cast<int>(t));
+  const auto it = known.find(key);
+  if (it != known.end()) return it->second;
+  std::optional<dnnl::memory::desc> d;
   try {
-    const dnnl::memory::desc d = onednn_weights::choose(k, n, t);
-    if (d == onednn_weights::plain(k, n, t, false)) return std::nullopt;
-    if (64 % onednn_weights::column_block(d) != 0) return std::nullopt;
-    return d;
+    d = onednn_weights::choose(k, n, t);
+    if (*d == onednn_weights::plain(k, n, t, false) || 64 % onednn_weights::column_block(*d) != 0) {
+      d.reset();
+    }
   } catch (const dnnl::error&) {
-    return std::nullopt;
+    d.reset();
   }
+  return known.emplace(key, d).first->second;
 }
 
 // Whether oneDNN runs a bf16 matmul on this CPU: decided once, by creating a small one.

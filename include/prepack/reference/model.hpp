@@ -374,7 +374,8 @@ class model {
       layer L;
       matrix qkv(c.hidden, c.q_dim() + 2 * c.kv_dim());
       qkv << lw.wq, lw.wk, lw.wv;
-      qkv = lw.attn_norm.asDiagonal() * qkv;
+      lw.wq = lw.wk = lw.wv = matrix();               // the pieces go as each fused layer is made
+      qkv.array().colwise() *= lw.attn_norm.array();  // diag(attn_norm) qkv, in place
       L.qkv = linear(std::move(qkv), false, wt, lay);
       if (c.qkv_bias) {
         L.qkv_bias.resize(c.q_dim() + 2 * c.kv_dim());
@@ -385,7 +386,8 @@ class model {
       L.o = linear(std::move(lw.wo), false, wt, lay);
       matrix gu(c.hidden, 2 * c.ffn);
       gu << lw.w_gate, lw.w_up;
-      gu = lw.mlp_norm.asDiagonal() * gu;
+      lw.w_gate = lw.w_up = matrix();
+      gu.array().colwise() *= lw.mlp_norm.array();
       L.gate_up = linear(std::move(gu), false, wt, lay);
       L.down = linear(std::move(lw.w_down), false, wt, lay);
       layers_.push_back(std::move(L));
