@@ -359,7 +359,8 @@ inline bf16_support bf16_path(gemm_backend b) {
 /// Whether a layer of in x out weights of type t, laid out for backend `layout`, is held in
 /// oneDNN's own layout on this CPU: `layout` resolves to oneDNN and its matmul chooses a layout
 /// that is not plain (fp32 on AVX-512; bf16 where this CPU has a bf16 matmul), with column blocks
-/// dividing 64. Cost: creating one primitive descriptor. Throws what resolve() throws.
+/// dividing 64. Cost: creating one primitive descriptor the first time a shape and type is
+/// asked, a lookup after. Throws what resolve() throws.
 inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gemm_backend layout) {
 #ifdef PREPACK_HAVE_ONEDNN
   if (resolve(layout) != gemm_backend::onednn) return false;
@@ -391,7 +392,17 @@ class linear {
   linear() = default;
   linear(matrix w, bool transposed, weight_type type, gemm_backend layout = gemm_backend::automatic)
       : rows_(w.rows()), cols_(w.cols()), transposed_(transposed), type_(type) {
-    const bool held = reference::held_by_onednn(in(), out(), type, layout);
+#ifdef PREPACK_HAVE_ONEDNN
+    using dt = dnnl::memory::data_type;
+    const dt t = type_ == weight_type::f32 ? dt::f32 : dt::bf16;
+    const std::optional<dnnl::memory::desc> md = resolve(layout) == gemm_backend::onednn
+                                                     ? detail::onednn_layout(in(), out(), t)
+                                                     : std::nullopt;
+    const bool held = md.has_value();
+#else
+    (void)resolve(layout);
+    const bool held = false;
+#endif
     if (type_ == weight_type::f32 && !held) {
       w_ = std::move(w);
       return;
@@ -407,9 +418,6 @@ class linear {
     }
 #ifdef PREPACK_HAVE_ONEDNN
     if (held) {
-      using dt = dnnl::memory::data_type;
-      const dt t = type_ == weight_type::f32 ? dt::f32 : dt::bf16;
-      const auto md = detail::onednn_layout(in(), out(), t);
       try {
         held_ = std::make_shared<const detail::onednn_weights>(
             *md, t == dt::f32 ? static_cast<const void*>(w.data()) : w16_.data(), t, transposed_);
@@ -642,7 +650,12 @@ class linear {
   void widen_panel(Eigen::Index c0, Eigen::Index w, float* panel, bool parallel) const {
 #ifdef PREPACK_HAVE_ONEDNN
     if (held_) {
-      held_->widen(c0, w, panel);
+      try {
+        held_->widen(c0, w, panel);
+      } catch (const dnnl::error& e) {
+        prepack::detail::fail("oneDNN reorder of columns ", c0, "..", c0 + w, " of ", in(), " x ",
+                              out(), " weights: ", e.what());
+      }
       return;
     }
 #endif
