@@ -51,6 +51,40 @@ TEST(Mask, DenseMasksMatchTheDefinition) {
   }
 }
 
+// transformers' convention: additive, the dtype's finite minimum (torch.finfo(dtype).min, written
+// here from the formats' definitions), and a pad query open to its own slot alone.
+TEST(Mask, TransformersMaskOpensEveryRowAndStaysFinite) {
+  std::mt19937_64 rng(29);
+  const float f32_min = -3.4028234663852886e38f;  // -(2 - 2^-23) 2^127
+  const float bf16_min = -3.3895313892515355e38f;  // -(2 - 2^-7) 2^127
+  const float f16_min = -65504.0f;                 // -(2 - 2^-10) 2^15
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto l = random_layout(rng, trial);
+    const std::size_t w = l.width();
+    const auto bytes = prepack::dense_mask(l);
+    const auto f = prepack::transformers_mask<float>(l);
+    const auto b = prepack::transformers_mask<prepack::bfloat16>(l);
+    const auto h = prepack::transformers_mask<prepack::half>(l);
+    std::vector<std::uint8_t> open(bytes);
+    for (std::size_t r = 0; r < l.n_rows(); ++r) {
+      for (std::size_t q = 0; q < w; ++q) {
+        if (l.segments()[r * w + q] < 0) open[(r * w + q) * w + q] = 1;  // a pad query: itself
+      }
+    }
+    for (std::size_t x = 0; x < bytes.size(); ++x) {
+      ASSERT_EQ(f[x], open[x] ? 0.0f : f32_min) << x;
+      ASSERT_EQ(static_cast<float>(b[x]), open[x] ? 0.0f : bf16_min) << x;
+      ASSERT_EQ(static_cast<float>(h[x]), open[x] ? 0.0f : f16_min) << x;
+    }
+    // Every query row opens exactly one key or more, pad rows exactly their own slot.
+    for (std::size_t row = 0; row < l.n_rows() * w; ++row) {
+      std::size_t n_open = 0;
+      for (std::size_t k = 0; k < w; ++k) n_open += open[row * w + k];
+      ASSERT_GE(n_open, 1u);
+    }
+  }
+}
+
 TEST(MaskErrors, SizesThatCannotBeAllocatedOrMismatch) {
   // One row of 2^22 slots: its layout is 48 MiB, its additive mask of doubles 2^47 bytes, more
   // than any x86-64 process can map: std::bad_alloc, as any allocation that cannot succeed.

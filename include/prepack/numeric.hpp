@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "config.hpp"
@@ -112,6 +113,23 @@ struct bfloat16 {
     return detail::bits_float(static_cast<std::uint32_t>(b) << 16);
   }
 };
+
+/// The most negative finite value of an element type (float, double, half, bfloat16): what a
+/// softmax mask adds to block a key without an infinity (torch.finfo(dtype).min).
+template <class T>
+T lowest_finite() noexcept {
+  if constexpr (std::is_same_v<T, half>) {
+    half h;
+    h.bits = 0xFBFFu;  // -65504
+    return h;
+  } else if constexpr (std::is_same_v<T, bfloat16>) {
+    bfloat16 b;
+    b.bits = 0xFF7Fu;  // -3.3895e38 (rounding float's lowest would give -inf)
+    return b;
+  } else {
+    return std::numeric_limits<T>::lowest();
+  }
+}
 
 /// Converts a float to a destination element type: float, double, half or bfloat16.
 template <class T>

@@ -1,0 +1,224 @@
+// Each engine's own form of a step (prepack/engines/): dicts of arrays by the engine's names and
+// dtypes, built by the C++ headers.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "prepack/engines.hpp"
+
+namespace pp {
+namespace {
+
+nb::object as_bool(std::vector<std::uint8_t>&& v) {
+  return to_numpy(std::move(v)).attr("view")(numpy().attr("bool_"));
+}
+
+nb::dict paged_kv_dict(prepack::flashinfer::paged_kv&& p) {
+  nb::dict d;
+  d["qo_indptr"] = to_numpy(std::move(p.qo_indptr));
+  d["paged_kv_indptr"] = to_numpy(std::move(p.paged_kv_indptr));
+  d["paged_kv_indices"] = to_numpy(std::move(p.paged_kv_indices));
+  d["paged_kv_last_page_len"] = to_numpy(std::move(p.paged_kv_last_page_len));
+  return d;
+}
+
+nb::dict llama_batch_dict(prepack::llama_cpp::batch&& b) {
+  nb::dict d;
+  d["n_tokens"] = b.n_tokens();
+  d["token"] = to_numpy(std::move(b.token));
+  d["pos"] = to_numpy(std::move(b.pos));
+  d["n_seq_id"] = to_numpy(std::move(b.n_seq_id));
+  d["seq_id"] = to_numpy(std::move(b.seq_id));
+  d["logits"] = to_numpy(std::move(b.logits));
+  d["output_item"] = to_numpy(std::vector<std::int64_t>(b.output_item.begin(), b.output_item.end()));
+  return d;
+}
+
+}  // namespace
+
+void bind_engines(nb::module_& m) {
+  nb::module_ vllm = m.def_submodule("vllm", "vLLM v1's form of a step (prepack/engines/vllm.hpp).");
+  vllm.def(
+      "make_step",
+      [](const step_inputs_box& b, std::size_t max_num_blocks_per_req,
+         std::size_t num_tokens_padded) {
+        prepack::vllm::options o;
+        o.max_num_blocks_per_req = max_num_blocks_per_req;
+        o.num_tokens_padded = num_tokens_padded;
+        auto s = prepack::vllm::make_step(b.in, o);
+        nb::dict d;
+        d["num_reqs"] = s.num_reqs;
+        d["num_actual_tokens"] = s.num_actual_tokens;
+        d["max_query_len"] = s.max_query_len;
+        d["max_seq_len"] = s.max_seq_len;
+        d["block_size"] = s.block_size;
+        d["common_prefix_len"] = s.common_prefix_len;
+        d["req_ids"] = to_numpy(std::move(s.req_ids));
+        d["query_start_loc"] = to_numpy(std::move(s.query_start_loc));
+        d["seq_lens"] = to_numpy(std::move(s.seq_lens));
+        d["num_computed_tokens"] = to_numpy(std::move(s.num_computed_tokens));
+        d["block_table_tensor"] =
+            to_numpy(std::move(s.block_table_tensor),
+                     {static_cast<std::size_t>(s.num_reqs), s.max_num_blocks_per_req});
+        d["input_ids"] = to_numpy(std::move(s.input_ids));
+        d["positions"] = to_numpy(std::move(s.positions));
+        d["slot_mapping"] = to_numpy(std::move(s.slot_mapping));
+        d["logits_indices"] = to_numpy(std::move(s.logits_indices));
+        d["discard_request_mask"] = as_bool(std::move(s.discard_request_mask));
+        return d;
+      },
+      "inputs"_a, "max_num_blocks_per_req"_a = 0, "num_tokens_padded"_a = 0,
+      "The step as vLLM v1's model runner builds it: num_reqs, num_actual_tokens, "
+      "max_query_len, max_seq_len, block_size, common_prefix_len (ints); req_ids [num_reqs] "
+      "int64; query_start_loc [num_reqs + 1], seq_lens, num_computed_tokens, logits_indices "
+      "[num_reqs] int32; block_table_tensor [num_reqs, max_num_blocks_per_req] int32 (0 past a "
+      "request's blocks); input_ids [num_tokens] int32, positions and slot_mapping "
+      "[num_tokens] int64 (-1 on padding); discard_request_mask [num_reqs] bool.");
+
+  nb::module_ fi =
+      m.def_submodule("flashinfer", "FlashInfer's form of a step (prepack/engines/flashinfer.hpp).");
+  fi.def(
+      "make_step",
+      [](const step_inputs_box& b) {
+        auto p = prepack::flashinfer::make_step(b.in);
+        nb::dict d;
+        d["page_size"] = p.page_size;
+        d["request_ids"] = to_numpy(std::move(p.request_ids));
+        d["attention"] = paged_kv_dict(std::move(p.attention));
+        d["batch_indices"] = to_numpy(std::move(p.batch_indices));
+        d["positions"] = to_numpy(std::move(p.positions));
+        if (p.cascade) {
+          nb::dict c;
+          c["shared_pages"] = p.cascade->shared_pages;
+          c["shared"] = paged_kv_dict(std::move(p.cascade->shared));
+          c["unique"] = paged_kv_dict(std::move(p.cascade->unique));
+          d["cascade"] = c;
+        } else {
+          d["cascade"] = nb::none();
+        }
+        return d;
+      },
+      "inputs"_a,
+      "The step as FlashInfer's wrappers take it: page_size; request_ids [batch] int64; "
+      "attention: the plan() page table (qo_indptr, paged_kv_indptr [batch + 1], "
+      "paged_kv_indices, paged_kv_last_page_len [batch], all int32); batch_indices and "
+      "positions [nnz] int32 for append_paged_kv_cache; cascade: the two levels of "
+      "MultiLevelCascadeAttentionWrapper, or None.");
+
+  nb::module_ sg = m.def_submodule("sglang", "SGLang's form of a step (prepack/engines/sglang.hpp).");
+  sg.def(
+      "make_forward_batch",
+      [](const step_inputs_box& b, nb::handle req_pool_indices, std::size_t width) {
+        const auto rows = optional_ints<std::int64_t>(req_pool_indices, "req_pool_indices");
+        auto f = prepack::sglang::make_forward_batch(b.in, rows, width);
+        nb::dict d;
+        d["forward_mode"] = f.mode == prepack::sglang::forward_mode::extend   ? "EXTEND"
+                            : f.mode == prepack::sglang::forward_mode::decode ? "DECODE"
+                                                                              : "MIXED";
+        d["batch_size"] = f.batch_size;
+        d["rids"] = to_numpy(std::move(f.rids));
+        d["input_ids"] = to_numpy(std::move(f.input_ids));
+        d["req_pool_indices"] = to_numpy(std::move(f.req_pool_indices));
+        d["seq_lens"] = to_numpy(std::move(f.seq_lens));
+        d["seq_lens_sum"] = f.seq_lens_sum;
+        d["out_cache_loc"] = to_numpy(std::move(f.out_cache_loc));
+        d["positions"] = to_numpy(std::move(f.positions));
+        d["extend_num_tokens"] = f.extend_num_tokens;
+        d["extend_prefix_lens"] = to_numpy(std::move(f.extend_prefix_lens));
+        d["extend_seq_lens"] = to_numpy(std::move(f.extend_seq_lens));
+        d["extend_start_loc"] = to_numpy(std::move(f.extend_start_loc));
+        d["req_to_token"] =
+            to_numpy(std::move(f.req_to_token),
+                     {static_cast<std::size_t>(f.batch_size), f.req_to_token_width});
+        return d;
+      },
+      "inputs"_a, "req_pool_indices"_a = nb::none(), "req_to_token_width"_a = 0,
+      "The step as SGLang's ForwardBatch holds it: forward_mode ('EXTEND', 'DECODE', "
+      "'MIXED'), batch_size, seq_lens_sum, extend_num_tokens; rids, input_ids, "
+      "req_pool_indices, seq_lens, out_cache_loc, positions int64; extend_prefix_lens, "
+      "extend_seq_lens, extend_start_loc [bs] int32; req_to_token [bs, width] int32.");
+
+  nb::module_ tr =
+      m.def_submodule("trtllm", "TensorRT-LLM's form of a step (prepack/engines/trtllm.hpp).");
+  tr.def(
+      "make_step",
+      [](const step_inputs_box& b, std::size_t num_layers, std::size_t max_blocks_per_seq) {
+        prepack::trtllm::options o;
+        o.num_layers = num_layers;
+        o.max_blocks_per_seq = max_blocks_per_seq;
+        auto a = prepack::trtllm::make_step(b.in, o);
+        const std::size_t n = a.request_ids.size();
+        nb::dict d;
+        d["seq_order"] = to_numpy(std::vector<std::int64_t>(a.seq_order.begin(), a.seq_order.end()));
+        d["num_contexts"] = a.num_contexts;
+        d["num_generations"] = a.num_generations;
+        d["request_ids"] = to_numpy(std::move(a.request_ids));
+        d["seq_lens"] = to_numpy(std::move(a.seq_lens));
+        d["num_cached_tokens_per_seq"] = to_numpy(std::move(a.num_cached_tokens_per_seq));
+        d["kv_lens"] = to_numpy(std::move(a.kv_lens));
+        d["context_lengths"] = to_numpy(std::move(a.context_lengths));
+        d["host_request_types"] = to_numpy(std::move(a.host_request_types));
+        d["kv_cache_block_offsets"] =
+            to_numpy(std::move(a.kv_cache_block_offsets), {1, n, 2, a.max_blocks_per_seq});
+        d["input_ids"] = to_numpy(std::move(a.input_ids));
+        d["position_ids"] = to_numpy(std::move(a.position_ids));
+        d["tokens_per_block"] = a.tokens_per_block.empty() ? 0 : a.tokens_per_block[0];
+        return d;
+      },
+      "inputs"_a, "num_layers"_a = 1, "max_blocks_per_seq"_a = 0,
+      "The step as TensorRT-LLM's attention metadata takes it, context requests first: "
+      "seq_order [num_seqs] int64 (the step's sequence at each position); num_contexts, "
+      "num_generations; request_ids int64; seq_lens, num_cached_tokens_per_seq, kv_lens, "
+      "context_lengths, host_request_types [num_seqs] int32; kv_cache_block_offsets [1, "
+      "num_seqs, 2, max_blocks_per_seq] int32; input_ids, position_ids [num_tokens] int32; "
+      "tokens_per_block.");
+
+  nb::module_ ll =
+      m.def_submodule("llama_cpp", "llama.cpp's form of a step (prepack/engines/llama_cpp.hpp).");
+  ll.attr("max_seq") = prepack::llama_cpp::max_seq;
+  ll.def(
+      "make_batch",
+      [](const prepack::step_schedule& sched, std::size_t step, nb::handle item_tokens,
+         nb::handle seq_ids, std::int32_t n_seq_max) {
+        prompts storage;
+        const prompts& toks = as_prompts(item_tokens, storage);
+        const auto ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();
+        return llama_batch_dict(
+            prepack::llama_cpp::make_batch(sched, step, toks.tokens, ids, n_seq_max));
+      },
+      "schedule"_a, "step"_a, "item_tokens"_a, "seq_ids"_a, "n_seq_max"_a = prepack::llama_cpp::max_seq,
+      "Step `step` as a llama_batch's arrays: n_tokens; token, pos, n_seq_id, seq_id "
+      "[n_tokens] int32; logits [n_tokens] int8; output_item (the item of each logits row) "
+      "int64. seq_ids: each item's llama_seq_id.");
+  ll.def(
+      "make_prefix_steps",
+      [](const prepack::prefix_plan& plan, const prepack::step_schedule& sched,
+         nb::handle prompts_obj, nb::handle seq_ids, std::int32_t n_seq_max) {
+        prompts storage;
+        const prompts& ps = as_prompts(prompts_obj, storage);
+        const auto ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();
+        auto steps = prepack::llama_cpp::make_prefix_steps(plan, sched, ps.tokens, ids, n_seq_max);
+        nb::list out;
+        for (auto& st : steps) {
+          std::vector<std::int32_t> copies;
+          for (const auto& c : st.copies_after) copies.insert(copies.end(), {c.src, c.dst, c.p0, c.p1});
+          const std::size_t n = st.copies_after.size();
+          nb::dict d;
+          d["batch"] = llama_batch_dict(std::move(st.batch));
+          d["copies_after"] = to_numpy(std::move(copies), {n, 4});
+          out.append(d);
+        }
+        return out;
+      },
+      "plan"_a, "schedule"_a, "prompts"_a, "seq_ids"_a, "n_seq_max"_a = prepack::llama_cpp::max_seq,
+      "Every step of a prefix plan's schedule as llama.cpp runs shared prefixes: a list of "
+      "{batch: make_batch's dict, copies_after: [n, 4] int32 (src, dst, p0, p1) for "
+      "llama_memory_seq_cp after the batch}.");
+}
+
+}  // namespace pp
