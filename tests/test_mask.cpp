@@ -55,7 +55,7 @@ TEST(Mask, DenseMasksMatchTheDefinition) {
 // here from the formats' definitions), and a pad query open to its own slot alone.
 TEST(Mask, TransformersMaskOpensEveryRowAndStaysFinite) {
   std::mt19937_64 rng(29);
-  const float f32_min = -3.4028234663852886e38f;  // -(2 - 2^-23) 2^127
+  const float f32_min = -3.4028234663852886e38f;   // -(2 - 2^-23) 2^127
   const float bf16_min = -3.3895313892515355e38f;  // -(2 - 2^-7) 2^127
   const float f16_min = -65504.0f;                 // -(2 - 2^-10) 2^15
   for (int trial = 0; trial < 200; ++trial) {

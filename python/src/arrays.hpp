@@ -5,6 +5,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -22,29 +23,52 @@ namespace pp {
 namespace nb = nanobind;
 using namespace nb::literals;
 
-
 /// A numpy array that owns `v` (moved onto the heap, freed with the array): no copy.
 template <class T>
-nb::object to_numpy(std::vector<T>&& v, std::initializer_list<std::size_t> shape) {
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<std::size_t> shape) {
   auto* heap = new std::vector<T>(std::move(v));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::cast(nb::ndarray<nb::numpy, T>(heap->data(), shape, owner));
+  return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner);
 }
 template <class T>
-nb::object to_numpy(std::vector<T>&& v) {
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v) {
   const std::size_t n = v.size();
   return to_numpy(std::move(v), {n});
+}
+/// 0 / 1 bytes as a numpy bool array, no copy.
+inline nb::ndarray<nb::numpy, bool> to_numpy_bool(std::vector<std::uint8_t>&& v) {
+  auto* heap = new std::vector<std::uint8_t>(std::move(v));
+  nb::capsule owner(heap,
+                    [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
+  return nb::ndarray<nb::numpy, bool>(heap->data(), {heap->size()}, owner);
 }
 
 /// A read-only numpy view of memory that `owner` (a Python object) keeps alive.
 template <class T>
-nb::object view(const T* data, std::initializer_list<std::size_t> shape, nb::handle owner) {
-  return nb::cast(nb::ndarray<nb::numpy, const T>(data, shape, owner));
+nb::ndarray<nb::numpy, const T> view(const T* data, std::initializer_list<std::size_t> shape,
+                                     nb::handle owner) {
+  return nb::ndarray<nb::numpy, const T>(data, shape, owner);
 }
 template <class T>
-nb::object view(const std::vector<T>& v, nb::handle owner) {
+nb::ndarray<nb::numpy, const T> view(const std::vector<T>& v, nb::handle owner) {
   return view(v.data(), {v.size()}, owner);
 }
+
+/// An argument that takes anything array-like (numpy arrays, torch tensors, DLPack, the
+/// buffer protocol, __array__, lists), typed as numpy.typing.ArrayLike in the stubs.
+struct array_like {
+  nb::object obj;
+  operator nb::handle() const noexcept { return obj; }  // NOLINT: used where a handle is
+  bool is_none() const noexcept { return obj.is_none(); }
+  template <class N>
+  auto attr(N name) const {
+    return obj.attr(name);
+  }
+};
+/// The same, where None is allowed too.
+struct optional_array_like : array_like {};
+/// Prompts: a Prompts object or a sequence of token-id sequences.
+struct prompts_like : array_like {};
 
 /// numpy, imported once (the reference is kept for the process: released at exit, after the
 /// interpreter, it would crash).
@@ -58,7 +82,7 @@ inline nb::object as_numpy(nb::handle obj) { return numpy().attr("asarray")(obj)
 
 /// The dtype name numpy gives `obj`, for messages.
 inline std::string dtype_name(nb::handle arr) {
-  return nb::cast<std::string>(nb::str(arr.attr("dtype")));
+  return nb::cast<std::string>(arr.attr("dtype").attr("name"));
 }
 
 /// A one-dimensional integer array taken from a Python object: a view of its memory when it is
@@ -79,27 +103,28 @@ class int_array {
     const std::string kind = nb::cast<std::string>(a.attr("dtype").attr("kind"));
     const auto ndim = nb::cast<std::size_t>(a.attr("ndim"));
     const bool empty = nb::cast<std::size_t>(a.attr("size")) == 0;  // [] is float64 to numpy
+    if (kind != "i" && kind != "u" && !empty) {
+      throw nb::type_error(
+          (std::string(what) + ": " + dtype_name(a) + " values, integers expected").c_str());
+    }
     if (ndim != 1) {
       throw nb::value_error((std::string(what) + ": " + std::to_string(ndim) +
                              "-dimensional, a 1-dimensional array of integers expected")
                                 .c_str());
     }
-    if (kind != "i" && kind != "u" && !empty) {
-      throw nb::type_error(
-          (std::string(what) + ": " + dtype_name(a) + " values, integers expected").c_str());
-    }
     // Values outside T: numpy's checked cast refuses them rather than wrapping.
     const nb::object t = numpy().attr(std::is_same_v<T, std::int64_t> ? "int64" : "int32");
     if (!empty && !nb::cast<bool>(numpy().attr("can_cast")(a.attr("dtype"), t))) {
       const nb::object info = numpy().attr("iinfo")(t);
-      const nb::object bad = numpy().attr("flatnonzero")(
-          numpy().attr("logical_or")(a < info.attr("min"), a > info.attr("max")));
+      const nb::object bad = numpy().attr("flatnonzero")(numpy().attr("logical_or")(
+          numpy().attr("less")(a, info.attr("min")), numpy().attr("greater")(a, info.attr("max"))));
       if (nb::cast<std::size_t>(bad.attr("size")) > 0) {
-        const auto k = nb::cast<std::size_t>(bad[0]);
-        throw nb::value_error((std::string(what) + "[" + std::to_string(k) + "] = " +
-                               nb::cast<std::string>(nb::str(a[nb::int_(k)])) + " does not fit " +
-                               (std::is_same_v<T, std::int64_t> ? "int64" : "int32"))
-                                  .c_str());
+        const auto k = nb::cast<std::size_t>(bad[0].attr("item")());
+        throw nb::value_error(
+            (std::string(what) + "[" + std::to_string(k) +
+             "] = " + nb::cast<std::string>(nb::repr(a[nb::int_(k)].attr("item")())) +
+             " does not fit " + (std::is_same_v<T, std::int64_t> ? "int64" : "int32"))
+                .c_str());
       }
     }
     keep_ = numpy().attr("ascontiguousarray")(a, "dtype"_a = t);
@@ -124,3 +149,40 @@ std::vector<T> optional_ints(nb::handle obj, const char* what) {
 }
 
 }  // namespace pp
+
+namespace nanobind::detail {
+template <>
+struct type_caster<pp::array_like> {
+  NB_TYPE_CASTER(pp::array_like, const_name("numpy.typing.ArrayLike"))
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    value.obj = borrow(src);
+    return true;
+  }
+  static handle from_cpp(const pp::array_like& v, rv_policy, cleanup_list*) noexcept {
+    return v.obj.inc_ref();
+  }
+};
+template <>
+struct type_caster<pp::optional_array_like> {
+  NB_TYPE_CASTER(pp::optional_array_like, const_name("numpy.typing.ArrayLike | None"))
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    value.obj = borrow(src);
+    return true;
+  }
+  static handle from_cpp(const pp::optional_array_like& v, rv_policy, cleanup_list*) noexcept {
+    return v.obj.inc_ref();
+  }
+};
+template <>
+struct type_caster<pp::prompts_like> {
+  NB_TYPE_CASTER(pp::prompts_like,
+                 const_name("Prompts | collections.abc.Sequence[numpy.typing.ArrayLike]"))
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    value.obj = borrow(src);
+    return true;
+  }
+  static handle from_cpp(const pp::prompts_like& v, rv_policy, cleanup_list*) noexcept {
+    return v.obj.inc_ref();
+  }
+};
+}  // namespace nanobind::detail

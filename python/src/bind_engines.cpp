@@ -14,8 +14,8 @@
 namespace pp {
 namespace {
 
-nb::object as_bool(std::vector<std::uint8_t>&& v) {
-  return to_numpy(std::move(v)).attr("view")(numpy().attr("bool_"));
+nb::ndarray<nb::numpy, bool> as_bool(std::vector<std::uint8_t>&& v) {
+  return to_numpy_bool(std::move(v));
 }
 
 nb::dict paged_kv_dict(prepack::flashinfer::paged_kv&& p) {
@@ -35,14 +35,16 @@ nb::dict llama_batch_dict(prepack::llama_cpp::batch&& b) {
   d["n_seq_id"] = to_numpy(std::move(b.n_seq_id));
   d["seq_id"] = to_numpy(std::move(b.seq_id));
   d["logits"] = to_numpy(std::move(b.logits));
-  d["output_item"] = to_numpy(std::vector<std::int64_t>(b.output_item.begin(), b.output_item.end()));
+  d["output_item"] =
+      to_numpy(std::vector<std::int64_t>(b.output_item.begin(), b.output_item.end()));
   return d;
 }
 
 }  // namespace
 
 void bind_engines(nb::module_& m) {
-  nb::module_ vllm = m.def_submodule("vllm", "vLLM v1's form of a step (prepack/engines/vllm.hpp).");
+  nb::module_ vllm =
+      m.def_submodule("vllm", "vLLM v1's form of a step (prepack/engines/vllm.hpp).");
   vllm.def(
       "make_step",
       [](const step_inputs_box& b, std::size_t max_num_blocks_per_req,
@@ -80,8 +82,8 @@ void bind_engines(nb::module_& m) {
       "request's blocks); input_ids [num_tokens] int32, positions and slot_mapping "
       "[num_tokens] int64 (-1 on padding); discard_request_mask [num_reqs] bool.");
 
-  nb::module_ fi =
-      m.def_submodule("flashinfer", "FlashInfer's form of a step (prepack/engines/flashinfer.hpp).");
+  nb::module_ fi = m.def_submodule("flashinfer",
+                                   "FlashInfer's form of a step (prepack/engines/flashinfer.hpp).");
   fi.def(
       "make_step",
       [](const step_inputs_box& b) {
@@ -110,10 +112,11 @@ void bind_engines(nb::module_& m) {
       "positions [nnz] int32 for append_paged_kv_cache; cascade: the two levels of "
       "MultiLevelCascadeAttentionWrapper, or None.");
 
-  nb::module_ sg = m.def_submodule("sglang", "SGLang's form of a step (prepack/engines/sglang.hpp).");
+  nb::module_ sg =
+      m.def_submodule("sglang", "SGLang's form of a step (prepack/engines/sglang.hpp).");
   sg.def(
       "make_forward_batch",
-      [](const step_inputs_box& b, nb::handle req_pool_indices, std::size_t width) {
+      [](const step_inputs_box& b, optional_array_like req_pool_indices, std::size_t width) {
         const auto rows = optional_ints<std::int64_t>(req_pool_indices, "req_pool_indices");
         auto f = prepack::sglang::make_forward_batch(b.in, rows, width);
         nb::dict d;
@@ -154,7 +157,8 @@ void bind_engines(nb::module_& m) {
         auto a = prepack::trtllm::make_step(b.in, o);
         const std::size_t n = a.request_ids.size();
         nb::dict d;
-        d["seq_order"] = to_numpy(std::vector<std::int64_t>(a.seq_order.begin(), a.seq_order.end()));
+        d["seq_order"] =
+            to_numpy(std::vector<std::int64_t>(a.seq_order.begin(), a.seq_order.end()));
         d["num_contexts"] = a.num_contexts;
         d["num_generations"] = a.num_generations;
         d["request_ids"] = to_numpy(std::move(a.request_ids));
@@ -183,22 +187,23 @@ void bind_engines(nb::module_& m) {
   ll.attr("max_seq") = prepack::llama_cpp::max_seq;
   ll.def(
       "make_batch",
-      [](const prepack::step_schedule& sched, std::size_t step, nb::handle item_tokens,
-         nb::handle seq_ids, std::int32_t n_seq_max) {
+      [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
+         array_like seq_ids, std::int32_t n_seq_max) {
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
         const auto ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();
         return llama_batch_dict(
             prepack::llama_cpp::make_batch(sched, step, toks.tokens, ids, n_seq_max));
       },
-      "schedule"_a, "step"_a, "item_tokens"_a, "seq_ids"_a, "n_seq_max"_a = prepack::llama_cpp::max_seq,
+      "schedule"_a, "step"_a, "item_tokens"_a, "seq_ids"_a,
+      "n_seq_max"_a = prepack::llama_cpp::max_seq,
       "Step `step` as a llama_batch's arrays: n_tokens; token, pos, n_seq_id, seq_id "
       "[n_tokens] int32; logits [n_tokens] int8; output_item (the item of each logits row) "
       "int64. seq_ids: each item's llama_seq_id.");
   ll.def(
       "make_prefix_steps",
       [](const prepack::prefix_plan& plan, const prepack::step_schedule& sched,
-         nb::handle prompts_obj, nb::handle seq_ids, std::int32_t n_seq_max) {
+         prompts_like prompts_obj, array_like seq_ids, std::int32_t n_seq_max) {
         prompts storage;
         const prompts& ps = as_prompts(prompts_obj, storage);
         const auto ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();
@@ -206,7 +211,8 @@ void bind_engines(nb::module_& m) {
         nb::list out;
         for (auto& st : steps) {
           std::vector<std::int32_t> copies;
-          for (const auto& c : st.copies_after) copies.insert(copies.end(), {c.src, c.dst, c.p0, c.p1});
+          for (const auto& c : st.copies_after)
+            copies.insert(copies.end(), {c.src, c.dst, c.p0, c.p1});
           const std::size_t n = st.copies_after.size();
           nb::dict d;
           d["batch"] = llama_batch_dict(std::move(st.batch));

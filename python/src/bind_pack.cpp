@@ -39,7 +39,7 @@ void read_prompt(nb::handle seq, std::size_t i, std::vector<std::int32_t>& out) 
       if (overflow != 0 || v < std::numeric_limits<std::int32_t>::min() ||
           v > std::numeric_limits<std::int32_t>::max()) {
         throw nb::value_error(("prompt " + std::to_string(i) + ": token " + std::to_string(k) +
-                               " = " + nb::cast<std::string>(nb::str(items[k])) +
+                               " = " + nb::cast<std::string>(nb::repr(items[k])) +
                                " does not fit the int32 token type")
                                   .c_str());
       }
@@ -86,15 +86,8 @@ prompts read_prompts(nb::handle obj) {
   return p;
 }
 
-std::optional<std::int64_t> optional_int(nb::handle obj) {
-  if (obj.is_none()) return std::nullopt;
-  return nb::cast<std::int64_t>(obj);
-}
-
-plan64 make_plan(nb::handle lengths, nb::handle capacity, const std::string& method,
-                 const std::string& padding_side) {
-  const int_array<std::int64_t> len(lengths, "lengths");
-  const std::optional<std::int64_t> cap = optional_int(capacity);
+plan64 plan_lengths(prepack::span<const std::int64_t> len, std::optional<std::int64_t> cap,
+                    const std::string& method, const std::string& padding_side) {
   enum class kind { ffd, bfd, padded };
   const kind k = choose<kind>("method", method,
                               {{"ffd", kind::ffd},
@@ -106,11 +99,17 @@ plan64 make_plan(nb::handle lengths, nb::handle capacity, const std::string& met
     const auto side = choose<prepack::padding_side>(
         "padding_side", padding_side,
         {{"left", prepack::padding_side::left}, {"right", prepack::padding_side::right}});
-    return prepack::padded(len.span(), side, cap);
+    return prepack::padded(len, side, cap);
   }
-  return prepack::make_plan(k == kind::bfd ? prepack::packer::best_fit_decreasing
-                                           : prepack::packer::first_fit_decreasing,
-                            len.span(), cap);
+  return prepack::make_plan(
+      k == kind::bfd ? prepack::packer::best_fit_decreasing : prepack::packer::first_fit_decreasing,
+      len, cap);
+}
+
+plan64 make_plan(array_like lengths, std::optional<std::int64_t> capacity,
+                 const std::string& method, const std::string& padding_side) {
+  const int_array<std::int64_t> len(lengths, "lengths");
+  return plan_lengths(len.span(), capacity, method, padding_side);
 }
 
 // Fills `out` with the mask of kind `kind` ("additive": transformers' float convention; "bool":
@@ -122,13 +121,14 @@ void fill_mask(const layout64& l, nb::handle out_obj, const std::string& kind) {
         "mask: out must be a writable C-contiguous CPU array (numpy array, torch tensor)");
   }
   const std::size_t w = l.width(), rows = l.n_rows();
-  const bool shape_ok = (out.ndim() == 4 && out.shape(0) == rows && out.shape(1) == 1 &&
-                         out.shape(2) == w && out.shape(3) == w) ||
-                        (out.ndim() == 3 && out.shape(0) == rows && out.shape(1) == w &&
-                         out.shape(2) == w);
+  const bool shape_ok =
+      (out.ndim() == 4 && out.shape(0) == rows && out.shape(1) == 1 && out.shape(2) == w &&
+       out.shape(3) == w) ||
+      (out.ndim() == 3 && out.shape(0) == rows && out.shape(1) == w && out.shape(2) == w);
   if (!shape_ok) {
     std::string got;
-    for (std::size_t d = 0; d < out.ndim(); ++d) got += (d ? ", " : "") + std::to_string(out.shape(d));
+    for (std::size_t d = 0; d < out.ndim(); ++d)
+      got += (d ? ", " : "") + std::to_string(out.shape(d));
     throw nb::value_error(("mask: out has shape (" + got + "), the batch needs (" +
                            std::to_string(rows) + ", 1, " + std::to_string(w) + ", " +
                            std::to_string(w) + ")")
@@ -136,12 +136,11 @@ void fill_mask(const layout64& l, nb::handle out_obj, const std::string& kind) {
   }
   const auto dt = out.dtype();
   const std::size_t n = out.size();
-  const bool additive =
-      choose<bool>("kind", kind, {{"additive", true}, {"bool", false}});
+  const bool additive = choose<bool>("kind", kind, {{"additive", true}, {"bool", false}});
   if (!additive) {
     if (dt != nb::dtype<bool>()) throw nb::type_error("mask: kind 'bool' needs a bool array");
-    prepack::fill_dense_mask(l, prepack::span<bool>(static_cast<bool*>(out.data()), n), true,
-                             false, prepack::pad_query::self);
+    prepack::fill_dense_mask(l, prepack::span<bool>(static_cast<bool*>(out.data()), n), true, false,
+                             prepack::pad_query::self);
     return;
   }
   if (dt == nb::dtype<float>()) {
@@ -263,11 +262,20 @@ nb::list unpack(const layout64& l, nb::handle values, std::size_t axis) {
     lp = &shifted;
   }
   switch (src.itemsize()) {
-    case 1: unpack_raw<std::uint8_t>(*lp, src, dst, axis); break;
-    case 2: unpack_raw<std::uint16_t>(*lp, src, dst, axis); break;
-    case 4: unpack_raw<std::uint32_t>(*lp, src, dst, axis); break;
-    case 8: unpack_raw<std::uint64_t>(*lp, src, dst, axis); break;
-    default: throw nb::type_error("unpack: elements of 1, 2, 4 or 8 bytes expected");
+    case 1:
+      unpack_raw<std::uint8_t>(*lp, src, dst, axis);
+      break;
+    case 2:
+      unpack_raw<std::uint16_t>(*lp, src, dst, axis);
+      break;
+    case 4:
+      unpack_raw<std::uint32_t>(*lp, src, dst, axis);
+      break;
+    case 8:
+      unpack_raw<std::uint64_t>(*lp, src, dst, axis);
+      break;
+    default:
+      throw nb::type_error("unpack: elements of 1, 2, 4 or 8 bytes expected");
   }
   return out;
 }
@@ -304,14 +312,14 @@ void bind_pack(nb::module_& m) {
                       "engine forms without converting again.")
       .def(
           "__init__",
-          [](prompts* self, nb::handle seqs) { new (self) prompts(read_prompts(seqs)); },
+          [](prompts* self, prompts_like seqs) { new (self) prompts(read_prompts(seqs)); },
           "prompts"_a,
           "prompts: a sequence of token-id sequences (lists, tuples, numpy arrays, torch "
           "tensors). TypeError for a token that is not an integer, ValueError for one outside "
           "int32, both naming the prompt and token.")
       .def_static(
           "from_flat",
-          [](nb::handle tokens, nb::handle lengths) {
+          [](array_like tokens, array_like lengths) {
             const int_array<std::int64_t> t(tokens, "tokens");
             const int_array<std::int64_t> len(lengths, "lengths");
             prompts p;
@@ -326,8 +334,8 @@ void bind_pack(nb::module_& m) {
               }
               auto& out = p.tokens.emplace_back();
               for (std::int64_t k = 0; k < n; ++k) {
-                out.push_back(prepack::detail::narrow<std::int32_t>(t.data()[at++], "token",
-                                                                    "token"));
+                out.push_back(
+                    prepack::detail::narrow<std::int32_t>(t.data()[at++], "token", "token"));
               }
             }
             if (at != t.size()) {
@@ -357,7 +365,7 @@ void bind_pack(nb::module_& m) {
             for (const auto& t : p.tokens) len.push_back(static_cast<std::int64_t>(t.size()));
             return to_numpy(std::move(len));
           },
-          "[n_prompts] int64: each prompt's tokens.")
+          nb::rv_policy::automatic, "[n_prompts] int64: each prompt's tokens.")
       .def_prop_ro("total_tokens", &prompts::total);
 
   nb::class_<plan64>(m, "Plan",
@@ -403,21 +411,19 @@ void bind_pack(nb::module_& m) {
 
   m.def(
       "fitted_plan",
-      [](nb::handle lengths, double max_pad, nb::handle max_capacity, const std::string& method,
-         nb::handle max_packings) {
+      [](array_like lengths, double max_pad, std::optional<unsigned long long> max_capacity,
+         const std::string& method, std::optional<std::size_t> max_packings) {
         const int_array<std::int64_t> len(lengths, "lengths");
         prepack::fit_options opt;
         opt.max_pad = max_pad;
-        if (!max_capacity.is_none()) opt.max_capacity = nb::cast<unsigned long long>(max_capacity);
-        std::optional<std::size_t> cap;
-        if (!max_packings.is_none()) cap = nb::cast<std::size_t>(max_packings);
+        opt.max_capacity = max_capacity;
         const auto kind = choose<prepack::packer>(
             "method", method,
             {{"ffd", prepack::packer::first_fit_decreasing},
              {"first_fit_decreasing", prepack::packer::first_fit_decreasing},
              {"bfd", prepack::packer::best_fit_decreasing},
              {"best_fit_decreasing", prepack::packer::best_fit_decreasing}});
-        return prepack::fitted_plan(kind, len.span(), opt, cap);
+        return prepack::fitted_plan(kind, len.span(), opt, max_packings);
       },
       "lengths"_a, "max_pad"_a = 0.05, "max_capacity"_a = nb::none(), "method"_a = "ffd",
       "max_packings"_a = nb::none(),
@@ -527,7 +533,7 @@ void bind_pack(nb::module_& m) {
           "position_ids [n_tokens] int64. O(slots).")
       .def(
           "token_batch",
-          [](const packed_batch& b, nb::handle seq_ids) {
+          [](const packed_batch& b, optional_array_like seq_ids) {
             auto t = seq_ids.is_none()
                          ? prepack::make_token_batch(b.layout)
                          : prepack::make_token_batch(
@@ -546,7 +552,7 @@ void bind_pack(nb::module_& m) {
           "other than n_prompts.")
       .def(
           "fill_mask",
-          [](const packed_batch& b, nb::handle out, const std::string& kind) {
+          [](const packed_batch& b, array_like out, const std::string& kind) {
             fill_mask(b.layout, out, kind);
           },
           "out"_a, "kind"_a = "additive",
@@ -574,7 +580,8 @@ void bind_pack(nb::module_& m) {
           "(float32 by default, bool for kind 'bool'). For bfloat16 (no numpy dtype) fill a "
           "torch tensor with fill_mask.")
       .def(
-          "unpack", [](const packed_batch& b, nb::handle values, std::size_t axis) {
+          "unpack",
+          [](const packed_batch& b, array_like values, std::size_t axis) {
             return unpack(b.layout, values, axis);
           },
           "values"_a, "axis"_a = 1,
@@ -586,23 +593,22 @@ void bind_pack(nb::module_& m) {
           "dim) or (heads, length, dim). O(tokens x features).")
       .def("__repr__", [](const packed_batch& b) {
         return "PackedBatch(" + std::to_string(b.layout.n_prompts()) + " prompts in " +
-               std::to_string(b.layout.n_rows()) + " rows of " +
-               std::to_string(b.layout.width()) + ", " +
-               std::to_string(b.layout.useful_tokens()) + " tokens)";
+               std::to_string(b.layout.n_rows()) + " rows of " + std::to_string(b.layout.width()) +
+               ", " + std::to_string(b.layout.useful_tokens()) + " tokens)";
       });
 
   m.def(
       "pack",
-      [](nb::handle prompts_obj, nb::handle lengths, nb::handle capacity,
-         const std::string& method, std::optional<plan64> plan, long long pad_id,
-         long long pad_position) {
+      [](prompts_like prompts_obj, optional_array_like lengths,
+         std::optional<std::int64_t> capacity, const std::string& method,
+         std::optional<plan64> plan, long long pad_id, long long pad_position) {
         const prepack::layout_options opt{pad_id, pad_position};
         packed_batch b;
         if (!lengths.is_none()) {
           // Flat tokens and lengths: the tokens are read in place when they are int32 or int64.
           const plan64 p = plan ? std::move(*plan) : make_plan(lengths, capacity, method, "left");
           nb::ndarray<const std::int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> t32;
-          if (nb::try_cast(prompts_obj, t32, false)) {
+          if (nb::try_cast(prompts_obj.obj, t32, false)) {
             b.layout = prepack::make_layout<std::int64_t, std::int64_t>(
                 p, prepack::span<const std::int32_t>(t32.data(), t32.shape(0)), opt);
           } else {
@@ -620,7 +626,7 @@ void bind_pack(nb::module_& m) {
         if (plan) {
           p = std::move(*plan);
         } else {
-          p = make_plan(to_numpy(std::move(len)), capacity, method, "left");
+          p = plan_lengths(len, capacity, method, "left");
         }
         b.layout = prepack::make_layout<std::int64_t, std::int64_t>(p, ps.tokens, opt);
         return b;

@@ -59,7 +59,7 @@ void bind_serve(nb::module_& m) {
       .def("release", &block_pool::release, "block"_a, "Drops a reference.")
       .def(
           "find",
-          [](const block_pool& p, std::int32_t parent, nb::handle tokens) {
+          [](const block_pool& p, std::int32_t parent, array_like tokens) {
             const int_array<std::int32_t> t(tokens, "tokens");
             return p.find(parent, t.span());
           },
@@ -68,7 +68,7 @@ void bind_serve(nb::module_& m) {
           "`parent` (-1: at the start), or -1. O(block_size).")
       .def(
           "insert",
-          [](block_pool& p, std::int32_t b, std::int32_t parent, nb::handle tokens) {
+          [](block_pool& p, std::int32_t b, std::int32_t parent, array_like tokens) {
             const int_array<std::int32_t> t(tokens, "tokens");
             return p.insert(b, parent, t.span());
           },
@@ -86,13 +86,13 @@ void bind_serve(nb::module_& m) {
           [](const prepack::finished_request& f) {
             return to_numpy(std::vector<std::int32_t>(f.generated));
           },
-          "[n] int32: the tokens it generated, a stop token included.")
+          nb::rv_policy::automatic, "[n] int32: the tokens it generated, a stop token included.")
       .def_prop_ro(
           "blocks",
           [](const prepack::finished_request& f) {
             return to_numpy(std::vector<std::int32_t>(f.blocks));
           },
-          "[n] int32: its block table at the end (released).")
+          nb::rv_policy::automatic, "[n] int32: its block table at the end (released).")
       .def_ro("cached_positions", &prepack::finished_request::cached_positions)
       .def_ro("preemptions", &prepack::finished_request::preemptions)
       .def_ro("cached_prompt_tokens", &prepack::finished_request::cached_prompt_tokens)
@@ -102,16 +102,18 @@ void bind_serve(nb::module_& m) {
       });
 
   nb::class_<scheduled_step_box>(m, "ScheduledStep", "One step for the engine.")
-      .def_ro(
-          "inputs", &scheduled_step_box::inputs,
-          "The step as StepInputs (sequence q is request inputs.seq_id[q]; one token is "
-          "sampled for each sequence with inputs.completes[q], in order).")
+      .def_ro("inputs", &scheduled_step_box::inputs,
+              "The step as StepInputs (sequence q is request inputs.seq_id[q]; one token is "
+              "sampled for each sequence with inputs.completes[q], in order).")
       .def_ro("n_decodes", &scheduled_step_box::n_decodes)
       .def_ro("n_prefill_tokens", &scheduled_step_box::n_prefill_tokens)
       .def_ro("n_samples", &scheduled_step_box::n_samples, "Tokens commit() expects.")
       .def_prop_ro(
           "preempted",
-          [](const scheduled_step_box& b) { return to_numpy(std::vector<std::int64_t>(b.preempted)); },
+          [](const scheduled_step_box& b) {
+            return to_numpy(std::vector<std::int64_t>(b.preempted));
+          },
+          nb::rv_policy::automatic,
           "[n] int64: requests preempted to make room (recomputed later).")
       .def_ro("empty", &scheduled_step_box::empty);
 
@@ -123,9 +125,9 @@ void bind_serve(nb::module_& m) {
       "O(step tokens + blocks it touches + log waiting requests).")
       .def(
           "__init__",
-          [](scheduler* self, std::size_t token_budget, std::size_t max_seqs,
-             std::size_t n_blocks, std::size_t block_size, std::size_t reserve_blocks,
-             const std::string& policy, bool prefix_cache, std::size_t max_wait_steps) {
+          [](scheduler* self, std::size_t token_budget, std::size_t max_seqs, std::size_t n_blocks,
+             std::size_t block_size, std::size_t reserve_blocks, const std::string& policy,
+             bool prefix_cache, std::size_t max_wait_steps) {
             prepack::scheduler_options o;
             o.token_budget = token_budget;
             o.max_seqs = max_seqs;
@@ -148,7 +150,7 @@ void bind_serve(nb::module_& m) {
           "left) or 'shortest_first'. ValueError for a budget, cap, pool or block size of 0.")
       .def(
           "add",
-          [](scheduler& s, std::int64_t id, nb::handle prompt, std::size_t max_new_tokens,
+          [](scheduler& s, std::int64_t id, array_like prompt, std::size_t max_new_tokens,
              std::optional<std::int32_t> stop_token) {
             prepack::request r;
             r.id = id;
@@ -166,7 +168,7 @@ void bind_serve(nb::module_& m) {
           "committed.")
       .def(
           "commit",
-          [](scheduler& s, nb::handle sampled) {
+          [](scheduler& s, array_like sampled) {
             const int_array<std::int32_t> t(sampled, "sampled");
             return s.commit(t.span());
           },

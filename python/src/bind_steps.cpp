@@ -25,11 +25,11 @@ prepack::budget_options budget_opts(std::size_t budget, const std::string& polic
   o.policy = choose<prepack::chunking>(
       "policy", policy,
       {{"whole_first", prepack::chunking::whole_first}, {"fill", prepack::chunking::fill}});
-  o.order = choose<prepack::schedule_order>(
-      "order", order,
-      {{"arrival", prepack::schedule_order::arrival},
-       {"shortest_first", prepack::schedule_order::shortest_first},
-       {"longest_first", prepack::schedule_order::longest_first}});
+  o.order =
+      choose<prepack::schedule_order>("order", order,
+                                      {{"arrival", prepack::schedule_order::arrival},
+                                       {"shortest_first", prepack::schedule_order::shortest_first},
+                                       {"longest_first", prepack::schedule_order::longest_first}});
   o.block_size = block_size;
   return o;
 }
@@ -55,7 +55,7 @@ nb::dict chunk_arrays(const prepack::step_schedule& s, std::size_t first, std::s
   d["start"] = to_numpy(std::move(start));
   d["length"] = to_numpy(std::move(length));
   d["context"] = to_numpy(std::move(context));
-  d["last"] = to_numpy(std::move(lastv)).attr("view")(numpy().attr("bool_"));
+  d["last"] = to_numpy_bool(std::move(lastv));
   return d;
 }
 
@@ -76,7 +76,8 @@ prepack::block_tables tables_from_array(nb::handle table, std::size_t block_size
   t.max_blocks = std::max<std::size_t>(cols, 1);
   t.table.assign(rows * t.max_blocks, -1);
   for (std::size_t r = 0; r < rows; ++r) {
-    for (std::size_t k = 0; k < cols; ++k) t.table[r * t.max_blocks + k] = flat.data()[r * cols + k];
+    for (std::size_t k = 0; k < cols; ++k)
+      t.table[r * t.max_blocks + k] = flat.data()[r * cols + k];
   }
   return t;
 }
@@ -92,12 +93,12 @@ std::vector<std::vector<std::int32_t>> int32_lists(nb::handle obj, const char* w
 }
 
 template <class T>
-nb::object view_of(nb::handle self, const std::vector<T>& v) {
+auto view_of(nb::handle self, const std::vector<T>& v) {
   return view(v, self);
 }
 
-#define PP_STEP_ARRAY(name, doc)                                                          \
-  def_prop_ro(                                                                           \
+#define PP_STEP_ARRAY(name, doc)                                                                   \
+  def_prop_ro(                                                                                     \
       #name, [](nb::handle s) { return view_of(s, nb::cast<const step_inputs_box&>(s).in.name); }, \
       doc)
 
@@ -145,11 +146,15 @@ void bind_steps(nb::module_& m) {
                    "ceil(total tokens / budget): the fewest steps any schedule can use.")
       .def_prop_ro(
           "finish_step",
-          [](nb::handle s) { return view(nb::cast<const prepack::step_schedule&>(s).finish_step, s); },
+          [](nb::handle s) {
+            return view(nb::cast<const prepack::step_schedule&>(s).finish_step, s);
+          },
           "[n_items] uint64: the step of each item's last chunk.")
       .def_prop_ro(
           "step_begin",
-          [](nb::handle s) { return view(nb::cast<const prepack::step_schedule&>(s).step_begin, s); },
+          [](nb::handle s) {
+            return view(nb::cast<const prepack::step_schedule&>(s).step_begin, s);
+          },
           "[n_steps + 1] uint64: step s holds chunks[step_begin[s]:step_begin[s + 1]].")
       .def(
           "step_tokens",
@@ -172,7 +177,8 @@ void bind_steps(nb::module_& m) {
           "start (first token within the item), length, context (tokens cached before it) "
           "int64, and last (bool: it completes the item).")
       .def(
-          "check", [](const prepack::step_schedule& s, std::size_t bs) { prepack::check_schedule(s, bs); },
+          "check",
+          [](const prepack::step_schedule& s, std::size_t bs) { prepack::check_schedule(s, bs); },
           "block_size"_a = 0,
           "Checks the schedule's invariants (prepack::check_schedule); ValueError naming the "
           "first violation.")
@@ -184,10 +190,11 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "budgeted_schedule",
-      [](nb::handle lengths, std::size_t budget, const std::string& policy,
+      [](array_like lengths, std::size_t budget, const std::string& policy,
          const std::string& order, std::size_t block_size) {
         const int_array<std::int64_t> len(lengths, "lengths");
-        return prepack::budgeted_schedule(len.span(), budget_opts(budget, policy, order, block_size));
+        return prepack::budgeted_schedule(len.span(),
+                                          budget_opts(budget, policy, order, block_size));
       },
       "lengths"_a, "budget"_a = 2048, "policy"_a = "whole_first", "order"_a = "arrival",
       "block_size"_a = 0,
@@ -227,7 +234,7 @@ void bind_steps(nb::module_& m) {
             d["context"] = to_numpy(std::move(context));
             d["after"] = to_numpy(std::move(after));
             d["prompt"] = to_numpy(std::move(prompt));
-            d["ends_prompt"] = to_numpy(std::move(ends)).attr("view")(numpy().attr("bool_"));
+            d["ends_prompt"] = to_numpy_bool(std::move(ends));
             return d;
           },
           "The schedule items as arrays [n_items]: length, context (tokens cached before it), "
@@ -242,7 +249,8 @@ void bind_steps(nb::module_& m) {
               d["start"] = x.start;
               d["length"] = x.length;
               d["parent"] = x.parent ? nb::cast(*x.parent) : nb::none();
-              d["sharers"] = to_numpy(std::vector<std::int64_t>(x.sharers.begin(), x.sharers.end()));
+              d["sharers"] =
+                  to_numpy(std::vector<std::int64_t>(x.sharers.begin(), x.sharers.end()));
               out.append(d);
             }
             return out;
@@ -259,21 +267,22 @@ void bind_steps(nb::module_& m) {
             return prepack::budgeted_schedule(prepack::span<const prepack::schedule_item>(p.items),
                                               budget_opts(budget, policy, order, block_size));
           },
-          "budget"_a = 2048, "policy"_a = "whole_first", "order"_a = "arrival",
-          "block_size"_a = 0, "The plan's items as a budgeted schedule (as budgeted_schedule).")
+          "budget"_a = 2048, "policy"_a = "whole_first", "order"_a = "arrival", "block_size"_a = 0,
+          "The plan's items as a budgeted schedule (as budgeted_schedule).")
       .def(
           "item_tokens",
-          [](const prefix_plan& p, nb::handle prompts_obj) {
+          [](const prefix_plan& p, prompts_like prompts_obj) {
             prompts storage;
             const prompts& ps = as_prompts(prompts_obj, storage);
-            prepack::detail::require(ps.tokens.size() == p.n_prompts(), "prompts: ",
-                                     ps.tokens.size(), " for a plan of ", p.n_prompts());
+            prepack::detail::require(ps.tokens.size() == p.n_prompts(),
+                                     "prompts: ", ps.tokens.size(), " for a plan of ",
+                                     p.n_prompts());
             return prompts{p.item_tokens(ps.tokens)};
           },
           "prompts"_a, "Each item's tokens (Prompts), from the prompts the plan was made of.")
       .def(
           "item_ids",
-          [](const prefix_plan& p, nb::handle prompt_ids, nb::handle prefix_ids) {
+          [](const prefix_plan& p, array_like prompt_ids, optional_array_like prefix_ids) {
             const auto a = int_array<std::int64_t>(prompt_ids, "prompt_ids").vector();
             const auto b = optional_ints<std::int64_t>(prefix_ids, "prefix_ids");
             return to_numpy(p.item_ids(a, b));
@@ -293,13 +302,15 @@ void bind_steps(nb::module_& m) {
           "ValueError, allocating nothing, when the pool is too small.")
       .def(
           "check_tables",
-          [](const prefix_plan& p, const prepack::block_tables& t) { prepack::check_prefix_tables(p, t); },
+          [](const prefix_plan& p, const prepack::block_tables& t) {
+            prepack::check_prefix_tables(p, t);
+          },
           "item_tables"_a,
           "Checks that item tables run the plan safely (only prefix blocks shared).");
 
   m.def(
       "prefix_plan",
-      [](nb::handle prompts_obj, std::size_t block_size, std::size_t min_length,
+      [](prompts_like prompts_obj, std::size_t block_size, std::size_t min_length,
          std::size_t overhead_tokens) {
         prompts storage;
         const prompts& ps = as_prompts(prompts_obj, storage);
@@ -316,7 +327,7 @@ void bind_steps(nb::module_& m) {
       "-1 past a sequence's blocks (prepack::block_tables).")
       .def(
           "__init__",
-          [](prepack::block_tables* self, nb::handle table, std::size_t block_size) {
+          [](prepack::block_tables* self, array_like table, std::size_t block_size) {
             new (self) prepack::block_tables(tables_from_array(table, block_size));
           },
           "table"_a, "block_size"_a,
@@ -359,14 +370,17 @@ void bind_steps(nb::module_& m) {
       .def_prop_ro("n_used", &prepack::block_allocator::n_used)
       .def("refs", &prepack::block_allocator::refs, "block"_a)
       .def(
-          "allocate", [](prepack::block_allocator& a, std::size_t n) { return to_numpy(a.allocate(n)); },
-          "n"_a, "n free blocks, lowest first, as int32. ValueError, allocating nothing, when fewer "
-                 "are free.")
+          "allocate",
+          [](prepack::block_allocator& a, std::size_t n) { return to_numpy(a.allocate(n)); }, "n"_a,
+          "n free blocks, lowest first, as int32. ValueError, allocating nothing, when fewer "
+          "are free.")
       .def("share", &prepack::block_allocator::share, "block"_a)
       .def("release", &prepack::block_allocator::release, "block"_a)
       .def(
           "release_tables",
-          [](prepack::block_allocator& a, const prepack::block_tables& t) { prepack::release_blocks(a, t); },
+          [](prepack::block_allocator& a, const prepack::block_tables& t) {
+            prepack::release_blocks(a, t);
+          },
           "tables"_a, "Releases one reference to every block each row lists.");
 
   nb::class_<step_inputs_box>(
@@ -393,10 +407,12 @@ void bind_steps(nb::module_& m) {
       .PP_STEP_ARRAY(tokens, "[n_tokens] int32: token ids.")
       .PP_STEP_ARRAY(positions, "[n_tokens] int32: context_len + i within a sequence.")
       .PP_STEP_ARRAY(token_seq_id, "[n_tokens] int64: the sequence's seq_id.")
-      .PP_STEP_ARRAY(logits, "[n_tokens] int8: 1 on the last token of a sequence that completes "
-                             "a prompt.")
-      .PP_STEP_ARRAY(slot_mapping, "[n_tokens] int64: pool slot (block * block_size + position "
-                                   "% block_size).")
+      .PP_STEP_ARRAY(logits,
+                     "[n_tokens] int8: 1 on the last token of a sequence that completes "
+                     "a prompt.")
+      .PP_STEP_ARRAY(slot_mapping,
+                     "[n_tokens] int64: pool slot (block * block_size + position "
+                     "% block_size).")
       .def_prop_ro(
           "block_table",
           [](nb::handle s) {
@@ -414,8 +430,8 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "step_inputs",
-      [](const prepack::step_schedule& sched, std::size_t step, nb::handle item_tokens,
-         const prepack::block_tables& tables, std::size_t n_blocks, nb::handle seq_ids) {
+      [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
+         const prepack::block_tables& tables, std::size_t n_blocks, optional_array_like seq_ids) {
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
         const auto ids = optional_ints<std::int64_t>(seq_ids, "seq_ids");
@@ -433,18 +449,17 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "decode_inputs",
-      [](nb::handle ids, nb::handle tokens, nb::handle contexts, const prepack::block_tables& t,
-         std::size_t n_blocks, nb::handle prompt_lens) {
+      [](array_like ids, array_like tokens, array_like contexts, const prepack::block_tables& t,
+         std::size_t n_blocks, optional_array_like prompt_lens) {
         const auto id = int_array<std::int64_t>(ids, "ids").vector();
         const auto tok = int_array<std::int32_t>(tokens, "tokens").vector();
         const auto ctx = int_array<std::int64_t>(contexts, "contexts").vector();
         const auto pl = optional_ints<std::int64_t>(prompt_lens, "prompt_lens");
         const std::size_t n = id.size();
-        prepack::detail::require(tok.size() == n && ctx.size() == n && t.n_seqs() >= n &&
-                                     (pl.empty() || pl.size() == n),
-                                 "decode inputs: ", n, " ids, ", tok.size(), " tokens, ",
-                                 ctx.size(), " contexts, ", t.n_seqs(), " table rows, ", pl.size(),
-                                 " prompt lengths");
+        prepack::detail::require(
+            tok.size() == n && ctx.size() == n && t.n_seqs() >= n && (pl.empty() || pl.size() == n),
+            "decode inputs: ", n, " ids, ", tok.size(), " tokens, ", ctx.size(), " contexts, ",
+            t.n_seqs(), " table rows, ", pl.size(), " prompt lengths");
         std::vector<prepack::decode_sequence<std::int32_t>> seqs(n);
         for (std::size_t q = 0; q < n; ++q) {
           prepack::detail::require(ctx[q] >= 0, "sequence ", id[q], ": context ", ctx[q]);
@@ -460,20 +475,19 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "step_layout",
-      [](const prepack::step_schedule& sched, std::size_t step, nb::handle item_tokens,
-         const prepack::block_tables& tables, std::size_t n_blocks, nb::handle capacity) {
+      [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
+         const prepack::block_tables& tables, std::size_t n_blocks,
+         std::optional<std::size_t> cap) {
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
-        std::optional<std::size_t> cap;
-        if (!capacity.is_none()) cap = nb::cast<std::size_t>(capacity);
         auto sl = prepack::make_step_layout<std::int64_t, std::int64_t>(sched, step, toks.tokens,
                                                                         tables, n_blocks, cap);
         nb::dict d;
         d["batch"] = packed_batch{std::move(sl.layout)};
         d["seq_item"] = to_numpy(std::move(sl.seq_item));
         d["tables"] = std::move(sl.tables);
-        d["slot_mapping"] = to_numpy(std::vector<std::int64_t>(sl.slots.slots().begin(),
-                                                               sl.slots.slots().end()));
+        d["slot_mapping"] =
+            to_numpy(std::vector<std::int64_t>(sl.slots.slots().begin(), sl.slots.slots().end()));
         return d;
       },
       "schedule"_a, "step"_a, "item_tokens"_a, "tables"_a, "n_blocks"_a, "capacity"_a = nb::none(),

@@ -1,0 +1,65 @@
+"""prepack.hf on a real trained model: SmolLM2-135M-Instruct, loaded by transformers' own GGUF
+loader from the file the oracle tests use, with its own tokenizer: text prompts prefilled in
+packed rows give every prompt the logits and cache of running it alone, and the same greedy
+continuations, under eager and sdpa attention."""
+import os
+
+import pytest
+
+from conftest import need, real_model_file
+
+torch = need("torch", whole_file=True)
+transformers = need("transformers", whole_file=True)
+need("gguf", whole_file=True)
+path = real_model_file()
+import prepack.hf as hf  # noqa: E402
+
+TEXTS = [
+    "The capital of France is",
+    "Once upon a time, there was a",
+    "def fibonacci(n):\n    ",
+    "Water boils at",
+    "List three primary colors:",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "In 1969, the first humans to walk on the Moon were",
+    "Translate to French: good morning ->",
+    "A haiku about autumn leaves:\n",
+    "The derivative of x squared is",
+    "Q: What is 12 times 12?\nA:",
+    "Photosynthesis is the process by which plants",
+]
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer():
+    d, f = os.path.split(path)
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_real_model_prepacked_equals_alone(model_and_tokenizer, impl):
+    model, tok = model_and_tokenizer
+    model.config._attn_implementation = impl
+    prompts = [tok(t)["input_ids"] for t in TEXTS]
+    result = hf.prefill(model, prompts)
+    assert result.batch.n_rows < len(prompts)
+    dl = sl = dk = sk = 0.0
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([p]), use_cache=True)
+        dl = max(dl, (result.logits[i] - out.logits[0, -1]).abs().max().item())
+        sl = max(sl, out.logits[0, -1].abs().max().item())
+        for (k1, v1), (k2, v2) in zip(hf._layers(result.caches[i]), hf._layers(out.past_key_values)):
+            dk = max(dk, (k1 - k2).abs().max().item(), (v1 - v2).abs().max().item())
+            sk = max(sk, k2.abs().max().item(), v2.abs().max().item())
+    print(f"{impl}: logits {dl / sl:.2e}, KV {dk / sk:.2e} of their scale")
+    assert dl / sl < 1e-4 and dk / sk < 1e-4
+    got = hf.generate(model, prompts[:6], 8)
+    for p, g in zip(prompts[:6], got):
+        ids = torch.tensor([p])
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                              do_sample=False, pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
+        assert g == want
+    assert "Paris" in tok.decode(got[0])

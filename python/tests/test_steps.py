@@ -1,0 +1,202 @@
+"""Schedules, prefix plans, step inputs and every engine's form, from Python: against the
+definitions computed here with numpy, against prepack's C++ API on the same inputs (forms_cpp),
+and every bad input."""
+import numpy as np
+import pytest
+
+import prepack
+from conftest import equal, random_prompts
+
+
+def whole_prompt_tables(prompts, block_size, alloc):
+    return prepack.BlockTables.from_lists(
+        [alloc.allocate(-(-len(p) // block_size)).tolist() for p in prompts], block_size)
+
+
+def check_step_definitions(s, item_tokens, chunks):
+    """StepInputs s of a step whose chunks are `chunks` (Schedule.chunks(step)), by definition."""
+    bs = s.block_size
+    ctx = chunks["context"]
+    q = chunks["length"]
+    assert s.context_lens.tolist() == ctx.tolist()
+    assert s.query_lens.tolist() == q.tolist()
+    assert s.seq_lens.tolist() == (ctx + q).tolist()
+    assert s.cu_seqlens_q.tolist() == [0] + np.cumsum(q).tolist()
+    assert s.cu_seqlens_k.tolist() == [0] + np.cumsum(ctx + q).tolist()
+    tokens, positions, slots = [], [], []
+    for k, item in enumerate(chunks["item"]):
+        start, n = chunks["start"][k], q[k]
+        tokens += list(item_tokens[item][start:start + n])
+        pos = np.arange(ctx[k], ctx[k] + n)
+        positions += pos.tolist()
+        row = s.block_table[k]
+        slots += (row[pos // bs].astype(np.int64) * bs + pos % bs).tolist()
+    assert s.tokens.tolist() == tokens
+    assert s.positions.tolist() == positions
+    assert s.slot_mapping.tolist() == slots
+
+
+def check_engine_definitions(s):
+    """Each engine's form of StepInputs s, computed here from its definition."""
+    bs = s.block_size
+    n = s.n_seqs
+    blocks = [row[row >= 0] for row in s.block_table]
+    v = prepack.vllm.make_step(s)
+    assert v["query_start_loc"].dtype == np.int32 and v["query_start_loc"].tolist() == s.cu_seqlens_q.tolist()
+    assert v["seq_lens"].tolist() == s.seq_lens.tolist()
+    assert v["logits_indices"].tolist() == (s.cu_seqlens_q[1:] - 1).tolist()
+    assert v["slot_mapping"].dtype == np.int64 and v["positions"].dtype == np.int64
+    assert v["discard_request_mask"].dtype == np.bool_
+    assert v["discard_request_mask"].tolist() == (s.completes == 0).tolist()
+    width = v["block_table_tensor"].shape[1]
+    for r in range(n):
+        want = np.zeros(width, np.int32)
+        want[:len(blocks[r])] = blocks[r]
+        assert v["block_table_tensor"][r].tolist() == want.tolist()
+    f = prepack.flashinfer.make_step(s)
+    pages = [-(-int(L) // bs) for L in s.seq_lens]
+    assert f["attention"]["paged_kv_indptr"].tolist() == [0] + np.cumsum(pages).tolist()
+    assert f["attention"]["paged_kv_indices"].tolist() == sum((blocks[r][:pages[r]].tolist() for r in range(n)), [])
+    assert f["attention"]["paged_kv_last_page_len"].tolist() == [(int(L) - 1) % bs + 1 for L in s.seq_lens]
+    assert f["positions"].tolist() == s.positions.tolist()
+    assert f["batch_indices"].tolist() == np.repeat(np.arange(n), s.query_lens).tolist()
+    g = prepack.sglang.make_forward_batch(s)
+    assert g["out_cache_loc"].tolist() == s.slot_mapping.tolist()
+    assert g["extend_start_loc"].tolist() == s.cu_seqlens_q[:-1].tolist()
+    for r in range(n):
+        p = np.arange(s.seq_lens[r])
+        assert g["req_to_token"][r, :len(p)].tolist() == (blocks[r][p // bs].astype(np.int64) * bs + p % bs).tolist()
+
+
+@pytest.mark.parametrize("policy", ["whole_first", "fill"])
+def test_schedules_cover_every_prompt_within_the_budget(policy):
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        lengths = rng.integers(1, 300, size=int(rng.integers(1, 30)))
+        budget = int(rng.integers(16, 256))
+        sched = prepack.budgeted_schedule(lengths, budget=budget, policy=policy)
+        sched.check()
+        c = sched.chunks()
+        for st in range(sched.n_steps):
+            assert c["length"][c["step"] == st].sum() <= budget
+        for i, L in enumerate(lengths):
+            mine = c["item"] == i
+            assert c["length"][mine].sum() == L and c["start"][mine].tolist() == np.cumsum(np.r_[0, c["length"][mine][:-1]]).tolist()
+        if policy == "fill":
+            assert sched.n_steps == sched.lower_bound == -(-int(lengths.sum()) // budget)
+
+
+@pytest.mark.parametrize("prefix", [False, True])
+def test_steps_and_engine_forms_by_definition_and_as_the_cpp_api(cpp, prefix):
+    rng = np.random.default_rng(12)
+    block_size, n_blocks = 8, 4096
+    if prefix:
+        shared = rng.integers(0, 1000, 70).tolist()
+        prompts = [shared + p for p in random_prompts(rng, 12, 1, 90)] + random_prompts(rng, 5, 1, 90)
+    else:
+        prompts = random_prompts(rng, 19, 1, 150)
+    scenario = {"kind": "steps", "prompts": prompts, "budget": 96, "policy": "fill",
+                "block_size": block_size, "n_blocks": n_blocks, "prefix": prefix,
+                "num_layers": 3, "chunk_block_size": block_size}
+    c = cpp(scenario)
+    alloc = prepack.BlockAllocator(n_blocks)
+    if prefix:
+        plan = prepack.prefix_plan(prompts, block_size=block_size)
+        assert plan.n_prefixes >= 1 and plan.tokens_computed < plan.useful_tokens
+        sched = plan.schedule(budget=96, policy="fill", block_size=block_size)
+        items = plan.item_tokens(prompts)
+        tables, _ = plan.allocate_tables(alloc)
+        plan.check_tables(tables)
+    else:
+        sched = prepack.budgeted_schedule([len(p) for p in prompts], budget=96, policy="fill",
+                                          block_size=block_size)
+        items = prepack.Prompts(prompts)
+        tables = whole_prompt_tables(prompts, block_size, alloc)
+    assert sched.n_steps == c["n_steps"]
+    item_lists = [items[i].tolist() for i in range(len(items))]
+    for st in range(sched.n_steps):
+        s = prepack.step_inputs(sched, st, items, tables, n_blocks)
+        cs = c["steps"][st]
+        check_step_definitions(s, item_lists, sched.chunks(st))
+        check_engine_definitions(s)
+        for name in ("seq_id", "context_lens", "query_lens", "seq_lens", "cu_seqlens_q", "cu_seqlens_k",
+                     "completes", "decodes", "prompt_lens", "block_table", "tokens", "positions",
+                     "token_seq_id", "logits", "slot_mapping"):
+            equal(getattr(s, name), cs[name], name)
+        for engine, form in (("vllm", prepack.vllm.make_step(s)), ("flashinfer", prepack.flashinfer.make_step(s)),
+                             ("sglang", prepack.sglang.make_forward_batch(s))):
+            for name, want in cs[engine].items():
+                got = form["attention"][name] if engine == "flashinfer" and name in form["attention"] else form.get(name)
+                if name == "cascade":
+                    assert (form["cascade"] is not None) == want
+                elif np.isscalar(want):
+                    assert got == want, (engine, name)
+                else:
+                    equal(got, want, f"{engine}.{name}")
+        if "error" in cs["trtllm"]:
+            with pytest.raises(ValueError) as e:
+                prepack.trtllm.make_step(s, num_layers=3)
+            assert str(e.value) == cs["trtllm"]["error"]
+        else:
+            t = prepack.trtllm.make_step(s, num_layers=3)
+            for name, want in cs["trtllm"].items():
+                equal(t[name], want, f"trtllm.{name}")
+            assert t["kv_cache_block_offsets"].shape == (1, s.n_seqs, 2, t["kv_cache_block_offsets"].shape[3])
+        if not prefix:
+            b = prepack.llama_cpp.make_batch(sched, st, items, np.arange(len(prompts)))
+            for name, want in cs["llama_cpp"].items():
+                equal(b[name], want, f"llama_cpp.{name}")
+            assert b["token"].tolist() == s.tokens.tolist() and b["pos"].tolist() == s.positions.tolist()
+
+
+def test_decode_inputs_and_step_layout():
+    alloc = prepack.BlockAllocator(64)
+    tables = prepack.BlockTables.from_lists([alloc.allocate(2).tolist(), alloc.allocate(1).tolist()], 4)
+    d = prepack.decode_inputs([7, 9], [11, 12], [5, 2], tables, 64, prompt_lens=[5, 2])
+    assert d.decodes.tolist() == [1, 1] and d.positions.tolist() == [5, 2]
+    assert d.slot_mapping.tolist() == [int(tables.table[0, 1]) * 4 + 1, int(tables.table[1, 0]) * 4 + 2]
+    assert d.token_seq_id.tolist() == [7, 9] and d.logits.tolist() == [1, 1]
+    sched = prepack.budgeted_schedule([10, 3], budget=6, policy="fill")
+    items = [list(range(10)), [20, 21, 22]]
+    t2 = prepack.BlockTables.from_lists([[0, 1, 2], [3]], 4)
+    lay = prepack.step_layout(sched, 1, items, t2, 8)
+    b = lay["batch"]
+    assert b.prompt_context.tolist() == [int(x) for x in sched.chunks(1)["context"]]
+    ids = b.unpack(b.input_ids)
+    c = sched.chunks(1)
+    for k in range(len(ids)):
+        item, start, n = c["item"][k], c["start"][k], c["length"][k]
+        assert ids[k].tolist() == items[item][start:start + n]
+    slots = lay["slot_mapping"].reshape(b.n_rows, b.width)
+    assert (slots[b.segment_ids < 0] == -1).all()
+
+
+def test_bad_steps_raise_with_the_cpp_message():
+    sched = prepack.budgeted_schedule([10, 3], budget=8)
+    t = prepack.BlockTables.from_lists([[0, 1, 2], [3]], 4)
+    items = [list(range(10)), [1, 2, 3]]
+    cases = [
+        (lambda: prepack.budgeted_schedule([3, 0], budget=8), "prompt 1: length 0"),
+        (lambda: prepack.budgeted_schedule([3], budget=0), "budget 0"),
+        (lambda: prepack.budgeted_schedule([3], budget=4, block_size=8), "block size 8 exceeds the budget 4"),
+        (lambda: prepack.budgeted_schedule([3], policy="greedy"), "policy: 'greedy', expected one of"),
+        (lambda: prepack.step_inputs(sched, 9, items, t, 8), "step 9 outside the schedule's"),
+        (lambda: prepack.step_inputs(sched, 0, [list(range(9)), [1, 2, 3]], t, 8), "prompt 0: 9 tokens, the schedule says 10"),
+        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[0, 1, 9], [3]], 4), 8),
+         "prompt 0: block_table[2] = 9 outside the pool's blocks 0..7"),
+        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[0, 1, 2], [2]], 4), 8),
+         "block 2 is also written by prompt"),
+        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[0, 1], [3]], 4), 8),
+         "prompt 0: positions up to 10 need 3 blocks of 4, its block table has 2 entries"),
+        (lambda: prepack.step_inputs(sched, 0, items, t, 8, seq_ids=[1]), "sequence ids: 1 for 2 items"),
+        (lambda: prepack.BlockTables.from_lists([[0, -2]], 4), "sequence 0: block 1 is -2"),
+        (lambda: prepack.BlockAllocator(4).allocate(5), "block allocator: 5 blocks wanted, 4 of 4 free"),
+        (lambda: prepack.vllm.make_step(prepack.step_inputs(sched, 0, items, t, 8), max_num_blocks_per_req=1),
+         "vllm: max_num_blocks_per_req 1 is below a request's"),
+        (lambda: prepack.llama_cpp.make_batch(sched, 1, items, [0, 300]), "seq_id 300 outside llama.cpp's 0..255"),
+        (lambda: prepack.prefix_plan([[1, 2], []]), "length 0"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError) as e:
+            call()
+        assert message in str(e.value), (message, str(e.value))
