@@ -86,6 +86,52 @@ void BM_StepInputs(benchmark::State& state) {
   }
   state.counters["pool_blocks"] = static_cast<double>(pool);
 }
+// The calls the Python package's overhead is measured against (bench_hf.py --overhead runs the
+// same calls from Python on the same inputs): pack of 10^5 heavy-cut prompts (seed 1, max 512)
+// given as flat int32 tokens and int64 lengths, as prepack.pack(tokens, lengths=...) takes them;
+// and the inputs of the first step of a 512-token budget over 64 such prompts (fill, blocks of 16
+// handed out lowest first), as prepack.step_inputs gives them.
+void BM_PythonPack(benchmark::State& state) {
+  const auto len32 = support::generate_lengths(support::profile::heavy_cut,
+                                               static_cast<std::size_t>(state.range(0)), 1, 512);
+  const std::vector<std::int64_t> len(len32.begin(), len32.end());
+  std::size_t total = 0;
+  for (auto l : len) total += static_cast<std::size_t>(l);
+  std::vector<std::int32_t> tokens(total);
+  for (std::size_t k = 0; k < total; ++k) tokens[k] = static_cast<std::int32_t>(k % 32000);
+  for (auto _ : state) {
+    const auto plan = prepack::first_fit_decreasing(len);
+    auto l = prepack::make_layout<std::int64_t, std::int64_t>(
+        plan, prepack::span<const std::int32_t>(tokens));
+    benchmark::DoNotOptimize(l.tokens().data());
+  }
+  state.counters["tokens"] = static_cast<double>(total);
+}
+BENCHMARK(BM_PythonPack)->Arg(100000)->Unit(benchmark::kMillisecond);
+
+void BM_PythonStepInputs(benchmark::State& state) {
+  const auto len = support::generate_lengths(support::profile::heavy_cut, 64, 1, 512);
+  const auto prompts = support::generate_prompts(len, 32000, 1);
+  std::vector<std::vector<std::int32_t>> items(prompts.begin(), prompts.end());
+  for (std::size_t i = 0; i < prompts.size(); ++i)
+    items[i].assign(prompts[i].begin(), prompts[i].end());
+  const std::size_t bs = 16, n_blocks = 4096;
+  prepack::block_allocator alloc(n_blocks);
+  std::vector<std::vector<std::int32_t>> rows;
+  for (int l : len)
+    rows.push_back(alloc.allocate(prepack::blocks_for(static_cast<std::size_t>(l), bs)));
+  const auto tables = prepack::make_block_tables(rows, bs);
+  const auto sched = prepack::budgeted_schedule(
+      len, {static_cast<std::size_t>(state.range(0)), prepack::chunking::fill});
+  for (auto _ : state) {
+    auto in =
+        prepack::make_step_inputs<std::int32_t, std::int32_t>(sched, 0, items, tables, n_blocks);
+    benchmark::DoNotOptimize(in.slot_mapping.data());
+  }
+  state.counters["step_tokens"] = static_cast<double>(sched.step_tokens(0));
+}
+BENCHMARK(BM_PythonStepInputs)->Arg(512)->Unit(benchmark::kMicrosecond);
+
 BENCHMARK(BM_StepInputs)
     ->Args({10000, 0})
     ->Args({10000000, 0})
