@@ -7,13 +7,18 @@ workloads bench_prefill runs (bench_workload prints them), side by side in one r
 
 Time: each method's fastest of --passes passes (after a warm-up), methods alternating. Peak
 memory: the growth of the process's peak resident set during a call (Linux: VmHWM reset through
-/proc/self/clear_refs before it, VmRSS after freeing before it), i.e. the activations, the mask
-and the caches the call leaves; the model's weights are not counted. Every pass checks that the
-two methods' last-token logits agree (exit 1 otherwise).
+/proc/self/clear_refs before it, VmRSS before it), i.e. the activations, the mask and the caches
+the call leaves; the model's weights are not counted. glibc keeps freed memory for reuse (and the
+threshold above which it maps a block of its own grows as blocks are freed), which makes that
+growth depend on what ran before; so memory is measured in a child process per model with
+MALLOC_MMAP_THRESHOLD_ fixed at 64 KiB (every tensor its own mapping, returned when freed), two
+calls per method after a warm-up, the largest taken. Every pass checks that the two methods'
+last-token logits agree (exit 1 otherwise).
 
-With --overhead it also measures the package's calling overhead: prepack.pack of 10^5 prompts
-(flat int32 tokens and lengths) and prepack.step_inputs of a 512-token step, against the same C++
-calls timed by bench_plan (BM_PythonPack, BM_PythonStepInputs) in the same run.
+With --overhead it also measures the package's calling overhead, in a fresh child process (no
+torch loaded, as bench_plan's is fresh): prepack.pack of 10^5 prompts (flat int32 tokens and
+lengths) and prepack.step_inputs of a 512-token step, against the same C++ calls timed by
+bench_plan (BM_PythonPack, BM_PythonStepInputs), alternated.
 
   bench_hf.py --build build/release [--models large,smollm2] [--quick] [--overhead]
               [--out DIR]       writes DIR/hf.md, hf.csv and, with gnuplot, hf.png
@@ -113,58 +118,78 @@ def padded(model, prompts, torch):
     return out.logits[:, -1], out
 
 
-def measure(fn, passes):
-    """(fastest seconds, largest peak growth in MiB, last result's logits)."""
-    best, peak, logits = float("inf"), 0.0, None
-    for _ in range(passes):
-        trim()
-        base = status_kb("VmRSS")
-        reset_peak()
-        t0 = time.perf_counter()
-        logits, keep = fn()
-        t1 = time.perf_counter()
-        peak = max(peak, (status_kb("VmHWM") - base) / 1024)
-        best = min(best, t1 - t0)
-        del keep
-    return best, peak, logits
+def peak_mib(fn):
+    """The growth of the peak resident set during fn(), in MiB (what fn returns is kept until
+    the reading)."""
+    trim()
+    base = status_kb("VmRSS")
+    reset_peak()
+    keep = fn()
+    grown = (status_kb("VmHWM") - base) / 1024
+    del keep
+    return grown
+
+
+def model_workloads(args, name, torch, transformers):
+    model, vocab = make_model(name, torch, transformers, args)
+    for spec in args.workloads.split(","):
+        profile, batch = spec.rsplit("/", 1)
+        w = workload(args.build, profile, int(batch), args.seed, args.max_len, vocab)
+        yield model, profile, int(batch), w["prompts"]
+
+
+def memory_child(args, torch, transformers, hf):
+    """Prints {workload/batch: {padded: MiB, prepacked: MiB}} for one model (see the module
+    docstring: run with MALLOC_MMAP_THRESHOLD_ fixed)."""
+    out = {}
+    for model, profile, batch, prompts in model_workloads(args, args.models, torch, transformers):
+        calls = {"padded": lambda: padded(model, prompts, torch),
+                 "prepacked": lambda: hf.prefill(model, prompts)}
+        for fn in calls.values():  # warm-up
+            fn()
+        out[f"{profile}/{batch}"] = {k: max(peak_mib(fn), peak_mib(fn)) for k, fn in calls.items()}
+    print(json.dumps(out))
+
+
+def memory_of(args, name):
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="0")
+    cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", "--build", args.build,
+           "--models", name, "--workloads", args.workloads, "--attn", args.attn,
+           "--seed", str(args.seed), "--max-len", str(args.max_len),
+           "--threads", str(args.threads), "--model-file", args.model_file]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def prefill_rows(args, torch, transformers, hf):
     rows = []
     for name in args.models.split(","):
-        model, vocab = make_model(name, torch, transformers, args)
-        for spec in args.workloads.split(","):
-            profile, batch = spec.rsplit("/", 1)
-            w = workload(args.build, profile, int(batch), args.seed, args.max_len, vocab)
-            prompts = w["prompts"]
+        memory = memory_of(args, name)
+        for model, profile, batch, prompts in model_workloads(args, name, torch, transformers):
             useful = sum(map(len, prompts))
             width = max(map(len, prompts))
-            run_padded = lambda: padded(model, prompts, torch)  # noqa: E731
-
-            def run_packed():
-                r = hf.prefill(model, prompts)
-                return r.logits, r
-            for fn in (run_padded, run_packed):  # warm-up
+            calls = {"padded": lambda: padded(model, prompts, torch)[0],
+                     "prepacked": lambda: hf.prefill(model, prompts).logits}
+            for fn in calls.values():  # warm-up
                 fn()
-            times = {"padded": [], "prepacked": []}
-            peaks = {"padded": 0.0, "prepacked": 0.0}
+            best = {k: float("inf") for k in calls}
             worst = 0.0
             for _ in range(args.passes):  # alternate the methods, pass by pass
-                tp, mp, lp = measure(run_padded, 1)
-                tk, mk, lk = measure(run_packed, 1)
-                times["padded"].append(tp)
-                times["prepacked"].append(tk)
-                peaks["padded"] = max(peaks["padded"], mp)
-                peaks["prepacked"] = max(peaks["prepacked"], mk)
-                scale = lp.abs().max().item()
-                worst = max(worst, (lp - lk).abs().max().item() / scale)
-            r = hf.prefill(model, prompts, return_caches=False)
+                logits = {}
+                for k, fn in calls.items():
+                    t0 = time.perf_counter()
+                    logits[k] = fn()
+                    best[k] = min(best[k], time.perf_counter() - t0)
+                scale = logits["padded"].abs().max().item()
+                worst = max(worst, (logits["padded"] - logits["prepacked"]).abs().max().item() / scale)
+            r = hf.pack_inputs(model, prompts)[0]
+            mem = memory[f"{profile}/{batch}"]
             row = {
-                "model": name, "attn": args.attn, "workload": profile, "batch": int(batch),
+                "model": name, "attn": args.attn, "workload": profile, "batch": batch,
                 "tokens": useful, "padded_slots": len(prompts) * width,
-                "packed_slots": r.batch.n_slots, "rows": r.batch.n_rows,
-                "padded_s": min(times["padded"]), "prepacked_s": min(times["prepacked"]),
-                "padded_mib": peaks["padded"], "prepacked_mib": peaks["prepacked"],
+                "packed_slots": r.n_slots, "rows": r.n_rows,
+                "padded_s": best["padded"], "prepacked_s": best["prepacked"],
+                "padded_mib": mem["padded"], "prepacked_mib": mem["prepacked"],
                 "logits_rel_diff": worst,
             }
             row["speedup"] = row["padded_s"] / row["prepacked_s"]
@@ -178,13 +203,26 @@ def prefill_rows(args, torch, transformers, hf):
                 print(f"bench_hf: {name} {profile}/{batch}: prepacked logits differ from padded "
                       f"by {worst:.2e} of their scale", file=sys.stderr)
                 sys.exit(1)
-        del model
         trim()
     return rows
 
 
-def overhead_rows(args, prepack):
+def overhead_rows(args):
+    """Runs overhead_child in a fresh process and returns its rows."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--overhead-child", "--build", args.build]
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")  # numpy's BLAS threads idle, not spinning
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    rows = json.loads(out.strip().splitlines()[-1])
+    for r in rows:
+        print(f"{r['call']}: Python {r['python_s'] * 1e6:.1f} us, C++ {r['cpp_s'] * 1e6:.1f} us: "
+              f"{r['ratio']:.3f}x", flush=True)
+    return rows
+
+
+def overhead_child(args):
     import numpy as np
+
+    import prepack
 
     bench_plan = os.path.join(args.build, "bench", "bench_plan")
     lengths = np.array(workload(args.build, "heavy-cut", 100000, 1, 512, 32000, True)["lengths"],
@@ -223,12 +261,11 @@ def overhead_rows(args, prepack):
     rows = []
     for what, cpp_name, fn, (repeat, number) in calls:
         py, cpp = float("inf"), float("inf")
-        for _ in range(2):  # alternate, to see the same machine
+        for _ in range(3):  # alternate, to see the same machine
             cpp = min(cpp, best_cpp(cpp_name))
             py = min(py, best_python(fn, repeat, number))
         rows.append({"call": what, "python_s": py, "cpp_s": cpp, "ratio": py / cpp})
-        print(f"{what}: Python {py * 1e6:.1f} us, C++ {cpp * 1e6:.1f} us: {py / cpp:.3f}x", flush=True)
-    return rows
+    print(json.dumps(rows))
 
 
 def write_report(args, rows, overhead, other_share):
@@ -243,7 +280,8 @@ def write_report(args, rows, overhead, other_share):
              f"{args.threads} threads, attn_implementation {args.attn}; fastest of {args.passes} "
              f"passes each, methods alternating; other processes took {other_share:.1%} of the "
              f"CPU during the run. Peak memory: growth of the peak resident set during the call "
-             f"(activations, mask and the caches it returns; not the weights).", "",
+             f"(activations, mask and the caches it returns; not the weights), measured in a child "
+             f"process with every tensor mapped on its own (MALLOC_MMAP_THRESHOLD_=64 KiB).", "",
              "| model | workload | batch | tokens | padded slots | packed slots (rows) | padded s | "
              "prepacked s | speedup | padded MiB | prepacked MiB | memory ratio | logits diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -309,10 +347,18 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="a tiny model, a few seconds (the test)")
     ap.add_argument("--overhead", action="store_true", help="also the calling overhead")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--memory-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--overhead-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    import prepack
-    import torch
-    import transformers
+    if args.overhead_child:
+        return overhead_child(args)
+    try:
+        import torch
+        import transformers
+    except ImportError as e:  # the smoke test: skipped where they are absent, failed in CI
+        print(f"prepack-skip: bench_hf needs torch and transformers ({e}); .ci/fetch-oracles "
+              f"installs them")
+        sys.exit(1 if os.environ.get("PREPACK_REQUIRE_ORACLES") == "1" else 0)
     import prepack.hf as hf
 
     torch.set_num_threads(args.threads)
@@ -324,12 +370,14 @@ def main():
         args.workloads, args.passes = "heavy-cut/32", 2
     if args.smoke:
         args.models, args.workloads, args.passes, args.max_len = "tiny", "heavy-cut/8", 2, 64
+    if args.memory_child:
+        return memory_child(args, torch, transformers, hf)
     args.out = args.out or os.path.join(args.build, "report")
     args.torch_version, args.transformers_version = torch.__version__, transformers.__version__
     busy0, own0 = cpu_seconds()
     wall0 = time.time()
+    overhead = overhead_rows(args) if args.overhead else []
     rows = prefill_rows(args, torch, transformers, hf)
-    overhead = overhead_rows(args, prepack) if args.overhead else []
     busy1, own1 = cpu_seconds()
     wall = max(time.time() - wall0, 1e-9)
     other = max(0.0, (busy1 - busy0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))

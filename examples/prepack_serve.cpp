@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,7 +64,10 @@ struct options {
   support::model_choice model;
   std::uint64_t seed = 1;
   prepack::scheduler_options sched;
+  std::string policy;  // as named on the command line
   bool check = false, json = false;
+  std::vector<ref::timed_request> trace;
+  std::string source;  // where the trace came from, for the report
 };
 
 // Each request alone: its prompt prefilled by itself, then greedy decoding. Returns, per
@@ -102,7 +106,8 @@ check_result check_alone(const ref::model& m, const std::vector<ref::timed_reque
   return out;
 }
 
-int serve_main(int argc, char** argv) {
+// The options of the command line, the trace included; nothing when --help was asked for.
+std::optional<options> parse(int argc, char** argv) {
   const support::args a(
       argc, argv,
       support::with({"--trace", "--profile", "--requests", "--rate", "--new-tokens", "--max-len",
@@ -112,7 +117,7 @@ int serve_main(int argc, char** argv) {
       support::with({"--json", "--help", "--check"}, support::model_switches()));
   if (a.has("--help")) {
     std::cout << kUsage << support::model_help();
-    return 0;
+    return std::nullopt;
   }
   options o;
   o.seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, 1ll << 62));
@@ -125,170 +130,206 @@ int serve_main(int argc, char** argv) {
   so.n_blocks = static_cast<std::size_t>(a.integer("--blocks", 512, 1, 1 << 24));
   so.block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 12));
   so.reserve_blocks = static_cast<std::size_t>(a.integer("--reserve", 0, 0, 1 << 24));
-  const std::string policy = a.choice("--policy", "fcfs", {"fcfs", "packed", "shortest"});
-  so.policy = policy == "packed"     ? prepack::admission::packed
-              : policy == "shortest" ? prepack::admission::shortest_first
-                                     : prepack::admission::fcfs;
+  o.policy = a.choice("--policy", "fcfs", {"fcfs", "packed", "shortest"});
+  so.policy = o.policy == "packed"     ? prepack::admission::packed
+              : o.policy == "shortest" ? prepack::admission::shortest_first
+                                       : prepack::admission::fcfs;
   so.prefix_cache = a.choice("--prefix-cache", "on", {"on", "off"}) == "on";
-
-  std::vector<ref::timed_request> trace;
-  std::string source;
   if (a.has("--trace")) {
     for (const char* f : {"--profile", "--requests", "--rate", "--new-tokens", "--max-len"}) {
       if (a.has(f)) throw support::usage_error(std::string(f) + " cannot be combined with --trace");
     }
-    source = a.str("--trace", "");
-    trace = support::read_trace(source, o.model.cfg.vocab, 1 << 16);
-  } else {
-    const std::string profile = a.str("--profile", "system-prompt");
-    const auto n = static_cast<std::size_t>(a.integer("--requests", 48, 1, 1 << 20));
-    const double rate = a.real("--rate", 16.0, 0.0, 1e6);
-    const auto new_tokens = static_cast<std::size_t>(a.integer("--new-tokens", 16, 1, 1 << 16));
-    const int max_len = static_cast<int>(a.integer("--max-len", 256, 8, 1 << 16));
-    trace =
-        support::generate_trace(profile, n, rate, new_tokens, o.model.cfg.vocab, max_len, o.seed);
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "profile %s, %zu requests at %g a second, seed %llu",
-                  profile.c_str(), n, rate, static_cast<unsigned long long>(o.seed));
-    source = buf;
+    o.source = a.str("--trace", "");
+    o.trace = support::read_trace(o.source, o.model.cfg.vocab, 1 << 16);
+    return o;
   }
-  // Refused before the model is built: requests that can never fit, with their sizes.
-  {
-    prepack::scheduler probe(so);
-    for (const auto& t : trace) probe.add(t.r);
-  }
-  {  // and so is a pool or a model this machine cannot hold
-    const ref::config& c = o.model.cfg;
-    const double pool = 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.kv_dim()) *
-                        sizeof(float) * static_cast<double>(so.n_blocks * so.block_size);
-    support::admit_memory(o.model, pool, "use fewer --blocks or a smaller --block-size");
-  }
+  const std::string profile = a.str("--profile", "system-prompt");
+  const auto n = static_cast<std::size_t>(a.integer("--requests", 48, 1, 1 << 20));
+  const double rate = a.real("--rate", 16.0, 0.0, 1e6);
+  const auto new_tokens = static_cast<std::size_t>(a.integer("--new-tokens", 16, 1, 1 << 16));
+  const int max_len = static_cast<int>(a.integer("--max-len", 256, 8, 1 << 16));
+  o.trace =
+      support::generate_trace(profile, n, rate, new_tokens, o.model.cfg.vocab, max_len, o.seed);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "profile %s, %zu requests at %g a second, seed %llu",
+                profile.c_str(), n, rate, static_cast<unsigned long long>(o.seed));
+  o.source = buf;
+  return o;
+}
+
+// Refuses, before the model is built, requests that can never fit the pool (with their sizes),
+// and a pool or model this machine cannot hold.
+void admit(const options& o) {
+  prepack::scheduler probe(o.sched);
+  for (const auto& t : o.trace) probe.add(t.r);
+  const ref::config& c = o.model.cfg;
+  const double pool = 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.kv_dim()) *
+                      sizeof(float) * static_cast<double>(o.sched.n_blocks * o.sched.block_size);
+  support::admit_memory(o.model, pool, "use fewer --blocks or a smaller --block-size");
+}
+
+// What a run gives: the scheduler's report, and whether its blocks came back.
+struct run_result {
+  ref::serve_report rep;
+  bool conserved = false;
+  check_result check;
+};
+
+run_result run(const options& o) {
   const ref::model m = support::build_model(o.model);
   {  // one untimed pass first: oneDNN's kernels and the model's buffers, paid once
     const std::vector<std::vector<int>> warm{std::vector<int>(16, 1)};
     ref::prefill_alone(m, warm, 1, {ref::attention::segment, o.model.threads, o.model.backend});
   }
-  prepack::scheduler s(so);
+  prepack::scheduler s(o.sched);
   ref::serve_options sopt;
   sopt.exec = {o.model.threads, o.model.backend};
-  const ref::serve_report rep = ref::serve(m, s, trace, sopt);
-  const bool conserved = s.blocks().available() == so.n_blocks;
-  check_result chk;
-  if (o.check) chk = check_alone(m, trace, rep, o);
+  run_result r;
+  r.rep = ref::serve(m, s, o.trace, sopt);
+  r.conserved = s.blocks().available() == o.sched.n_blocks;
+  if (o.check) r.check = check_alone(m, o.trace, r.rep, o);
+  return r;
+}
 
+// The stream's totals: latencies, throughput, the prefix cache's share.
+struct totals {
   std::vector<double> ttft, tpot, e2e;
-  std::size_t prompt_tokens = 0, generated = 0;
-  for (const auto& r : rep.requests) {
-    ttft.push_back(r.ttft_ms());
-    if (r.generated.size() > 1) tpot.push_back(r.tpot_ms());
-    e2e.push_back(r.e2e_ms());
-    prompt_tokens += r.prompt_tokens;
-    generated += r.generated.size();
-  }
-  const std::size_t useful = prompt_tokens + generated - rep.requests.size();
-  const double seconds = rep.clock_ms / 1000.0;
-  const double hit_rate = prompt_tokens ? static_cast<double>(rep.stats.cache_hit_tokens) /
-                                              static_cast<double>(prompt_tokens)
-                                        : 0.0;
-  if (o.json) {
-    json j;
-    j["source"] = source;
-    j["model"] = support::describe_json(o.model);
-    j["scheduler"] = {{"policy", policy},
-                      {"budget", so.token_budget},
-                      {"max_seqs", so.max_seqs},
-                      {"blocks", so.n_blocks},
-                      {"block_size", so.block_size},
-                      {"reserve", so.reserve_blocks},
-                      {"prefix_cache", so.prefix_cache}};
-    json& reqs = j["requests"];
+  std::size_t prompt_tokens = 0, generated = 0, useful = 0;
+  double seconds = 0, hit_rate = 0;
+
+  explicit totals(const ref::serve_report& rep) {
     for (const auto& r : rep.requests) {
-      reqs.push_back({{"id", r.id},
-                      {"prompt_tokens", r.prompt_tokens},
-                      {"generated", r.generated},
-                      {"arrival_ms", r.arrival_ms},
-                      {"ttft_ms", r.ttft_ms()},
-                      {"tpot_ms", r.tpot_ms()},
-                      {"e2e_ms", r.e2e_ms()},
-                      {"preemptions", r.preemptions},
-                      {"cached_prompt_tokens", r.cached_prompt_tokens}});
+      ttft.push_back(r.ttft_ms());
+      if (r.generated.size() > 1) tpot.push_back(r.tpot_ms());
+      e2e.push_back(r.e2e_ms());
+      prompt_tokens += r.prompt_tokens;
+      generated += r.generated.size();
     }
-    j["totals"] = {
-        {"requests", rep.requests.size()},
-        {"seconds", seconds},
-        {"steps", rep.steps},
-        {"generated_tokens", generated},
-        {"throughput_tokens_per_s", seconds > 0 ? static_cast<double>(generated) / seconds : 0},
-        {"throughput_requests_per_s",
-         seconds > 0 ? static_cast<double>(rep.requests.size()) / seconds : 0},
-        {"ttft_ms_p50", support::percentile(ttft, 0.5)},
-        {"ttft_ms_p99", support::percentile(ttft, 0.99)},
-        {"tpot_ms_p50", support::percentile(tpot, 0.5)},
-        {"tpot_ms_p99", support::percentile(tpot, 0.99)},
-        {"e2e_ms_p50", support::percentile(e2e, 0.5)},
-        {"e2e_ms_p99", support::percentile(e2e, 0.99)},
-        {"preemptions", rep.stats.preemptions},
-        {"prefix_cache_hit_tokens", rep.stats.cache_hit_tokens},
-        {"prefix_cache_hit_rate", hit_rate},
-        {"prompt_tokens", prompt_tokens},
-        {"tokens_computed", rep.stats.tokens_computed},
-        {"tokens_useful", useful},
-        {"scheduler_seconds", rep.scheduler_seconds},
-        {"forward_seconds", rep.forward_seconds},
-        {"blocks_conserved", conserved}};
-    if (o.check) {
-      j["check"] = {{"same", chk.same},
-                    {"near_ties", chk.near_ties},
-                    {"differ", chk.differ},
-                    {"tokens_match", chk.differ == 0},
-                    {"notes", chk.notes}};
-    }
-    std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
-  } else {
-    std::printf("prepack serve: %zu requests (%s), %zu prompt tokens\n", rep.requests.size(),
-                source.c_str(), prompt_tokens);
-    std::printf("%s\n", support::describe(o.model).c_str());
-    std::printf(
-        "scheduler: %s, budget %zu tokens, %zu sequences, %zu blocks of %zu (%.1f MiB "
-        "KV), prefix cache %s\n\n",
-        policy.c_str(), so.token_budget, so.max_seqs, so.n_blocks, so.block_size,
-        static_cast<double>(rep.kv_pool_bytes) / (1024.0 * 1024.0), so.prefix_cache ? "on" : "off");
-    std::printf("%6s %7s %5s %10s %10s %10s %9s %7s\n", "id", "prompt", "new", "ttft_ms", "tpot_ms",
-                "e2e_ms", "preempted", "cached");
-    const std::size_t shown = std::min<std::size_t>(rep.requests.size(), 12);
-    for (std::size_t i = 0; i < shown; ++i) {
-      const auto& r = rep.requests[i];
-      std::printf("%6lld %7zu %5zu %10.1f %10.2f %10.1f %9zu %7zu\n", static_cast<long long>(r.id),
-                  r.prompt_tokens, r.generated.size(), r.ttft_ms(), r.tpot_ms(), r.e2e_ms(),
-                  r.preemptions, r.cached_prompt_tokens);
-    }
-    if (shown < rep.requests.size()) std::printf("  (%zu more)\n", rep.requests.size() - shown);
-    std::printf(
-        "\n%.2f s on the trace's clock, %zu steps: %.1f tokens/s, %.2f requests/s\n"
-        "TTFT p50 %.1f ms, p99 %.1f ms; TPOT p50 %.2f ms, p99 %.2f ms; end-to-end p50 %.1f ms\n"
-        "preemptions %zu; prefix cache %zu of %zu prompt tokens (%.1f%%); computed %zu tokens for "
-        "%zu useful (%.2fx)\n"
-        "scheduler %.1f ms of %.1f ms in forward passes (%.2f%%); blocks %s\n",
-        seconds, rep.steps, seconds > 0 ? static_cast<double>(generated) / seconds : 0.0,
-        seconds > 0 ? static_cast<double>(rep.requests.size()) / seconds : 0.0,
-        support::percentile(ttft, 0.5), support::percentile(ttft, 0.99),
-        support::percentile(tpot, 0.5), support::percentile(tpot, 0.99),
-        support::percentile(e2e, 0.5), rep.stats.preemptions, rep.stats.cache_hit_tokens,
-        prompt_tokens, 100.0 * hit_rate, rep.stats.tokens_computed, useful,
-        static_cast<double>(rep.stats.tokens_computed) / static_cast<double>(useful),
-        1000.0 * rep.scheduler_seconds, 1000.0 * rep.forward_seconds,
-        100.0 * rep.scheduler_seconds / std::max(rep.forward_seconds, 1e-12),
-        conserved ? "conserved (all free or cached)" : "NOT conserved");
-    if (o.check) {
-      std::printf("check: %zu of %zu requests' tokens equal generating them alone%s\n", chk.same,
-                  rep.requests.size(),
-                  chk.differ      ? "; SOME DIFFER"
-                  : chk.near_ties ? " (the rest part on near-ties)"
-                                  : "");
-      for (const auto& n : chk.notes) std::printf("  %s\n", n.c_str());
-    }
+    useful = prompt_tokens + generated - rep.requests.size();
+    seconds = rep.clock_ms / 1000.0;
+    hit_rate = prompt_tokens ? static_cast<double>(rep.stats.cache_hit_tokens) /
+                                   static_cast<double>(prompt_tokens)
+                             : 0.0;
   }
-  return (o.check && chk.differ > 0) || !conserved ? 1 : 0;
+  double per_second(std::size_t n) const {
+    return seconds > 0 ? static_cast<double>(n) / seconds : 0.0;
+  }
+};
+
+void print_json(const options& o, const run_result& r, const totals& t) {
+  const auto& rep = r.rep;
+  const auto& so = o.sched;
+  json j;
+  j["source"] = o.source;
+  j["model"] = support::describe_json(o.model);
+  j["scheduler"] = {{"policy", o.policy},
+                    {"budget", so.token_budget},
+                    {"max_seqs", so.max_seqs},
+                    {"blocks", so.n_blocks},
+                    {"block_size", so.block_size},
+                    {"reserve", so.reserve_blocks},
+                    {"prefix_cache", so.prefix_cache}};
+  json& reqs = j["requests"];
+  for (const auto& q : rep.requests) {
+    reqs.push_back({{"id", q.id},
+                    {"prompt_tokens", q.prompt_tokens},
+                    {"generated", q.generated},
+                    {"arrival_ms", q.arrival_ms},
+                    {"ttft_ms", q.ttft_ms()},
+                    {"tpot_ms", q.tpot_ms()},
+                    {"e2e_ms", q.e2e_ms()},
+                    {"preemptions", q.preemptions},
+                    {"cached_prompt_tokens", q.cached_prompt_tokens}});
+  }
+  j["totals"] = {{"requests", rep.requests.size()},
+                 {"seconds", t.seconds},
+                 {"steps", rep.steps},
+                 {"generated_tokens", t.generated},
+                 {"throughput_tokens_per_s", t.per_second(t.generated)},
+                 {"throughput_requests_per_s", t.per_second(rep.requests.size())},
+                 {"ttft_ms_p50", support::percentile(t.ttft, 0.5)},
+                 {"ttft_ms_p99", support::percentile(t.ttft, 0.99)},
+                 {"tpot_ms_p50", support::percentile(t.tpot, 0.5)},
+                 {"tpot_ms_p99", support::percentile(t.tpot, 0.99)},
+                 {"e2e_ms_p50", support::percentile(t.e2e, 0.5)},
+                 {"e2e_ms_p99", support::percentile(t.e2e, 0.99)},
+                 {"preemptions", rep.stats.preemptions},
+                 {"prefix_cache_hit_tokens", rep.stats.cache_hit_tokens},
+                 {"prefix_cache_hit_rate", t.hit_rate},
+                 {"prompt_tokens", t.prompt_tokens},
+                 {"tokens_computed", rep.stats.tokens_computed},
+                 {"tokens_useful", t.useful},
+                 {"scheduler_seconds", rep.scheduler_seconds},
+                 {"forward_seconds", rep.forward_seconds},
+                 {"blocks_conserved", r.conserved}};
+  if (o.check) {
+    j["check"] = {{"same", r.check.same},
+                  {"near_ties", r.check.near_ties},
+                  {"differ", r.check.differ},
+                  {"tokens_match", r.check.differ == 0},
+                  {"notes", r.check.notes}};
+  }
+  std::cout << j.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+}
+
+void print_text(const options& o, const run_result& r, const totals& t) {
+  const auto& rep = r.rep;
+  const auto& so = o.sched;
+  std::printf("prepack serve: %zu requests (%s), %zu prompt tokens\n", rep.requests.size(),
+              o.source.c_str(), t.prompt_tokens);
+  std::printf("%s\n", support::describe(o.model).c_str());
+  std::printf(
+      "scheduler: %s, budget %zu tokens, %zu sequences, %zu blocks of %zu (%.1f MiB "
+      "KV), prefix cache %s\n\n",
+      o.policy.c_str(), so.token_budget, so.max_seqs, so.n_blocks, so.block_size,
+      static_cast<double>(rep.kv_pool_bytes) / (1024.0 * 1024.0), so.prefix_cache ? "on" : "off");
+  std::printf("%6s %7s %5s %10s %10s %10s %9s %7s\n", "id", "prompt", "new", "ttft_ms", "tpot_ms",
+              "e2e_ms", "preempted", "cached");
+  const std::size_t shown = std::min<std::size_t>(rep.requests.size(), 12);
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& q = rep.requests[i];
+    std::printf("%6lld %7zu %5zu %10.1f %10.2f %10.1f %9zu %7zu\n", static_cast<long long>(q.id),
+                q.prompt_tokens, q.generated.size(), q.ttft_ms(), q.tpot_ms(), q.e2e_ms(),
+                q.preemptions, q.cached_prompt_tokens);
+  }
+  if (shown < rep.requests.size()) std::printf("  (%zu more)\n", rep.requests.size() - shown);
+  std::printf(
+      "\n%.2f s on the trace's clock, %zu steps: %.1f tokens/s, %.2f requests/s\n"
+      "TTFT p50 %.1f ms, p99 %.1f ms; TPOT p50 %.2f ms, p99 %.2f ms; end-to-end p50 %.1f ms\n"
+      "preemptions %zu; prefix cache %zu of %zu prompt tokens (%.1f%%); computed %zu tokens for "
+      "%zu useful (%.2fx)\n"
+      "scheduler %.1f ms of %.1f ms in forward passes (%.2f%%); blocks %s\n",
+      t.seconds, rep.steps, t.per_second(t.generated), t.per_second(rep.requests.size()),
+      support::percentile(t.ttft, 0.5), support::percentile(t.ttft, 0.99),
+      support::percentile(t.tpot, 0.5), support::percentile(t.tpot, 0.99),
+      support::percentile(t.e2e, 0.5), rep.stats.preemptions, rep.stats.cache_hit_tokens,
+      t.prompt_tokens, 100.0 * t.hit_rate, rep.stats.tokens_computed, t.useful,
+      static_cast<double>(rep.stats.tokens_computed) / static_cast<double>(t.useful),
+      1000.0 * rep.scheduler_seconds, 1000.0 * rep.forward_seconds,
+      100.0 * rep.scheduler_seconds / std::max(rep.forward_seconds, 1e-12),
+      r.conserved ? "conserved (all free or cached)" : "NOT conserved");
+  if (o.check) {
+    std::printf("check: %zu of %zu requests' tokens equal generating them alone%s\n", r.check.same,
+                rep.requests.size(),
+                r.check.differ      ? "; SOME DIFFER"
+                : r.check.near_ties ? " (the rest part on near-ties)"
+                                    : "");
+    for (const auto& n : r.check.notes) std::printf("  %s\n", n.c_str());
+  }
+}
+
+int serve_main(int argc, char** argv) {
+  const std::optional<options> o = parse(argc, argv);
+  if (!o) return 0;
+  admit(*o);
+  const run_result r = run(*o);
+  const totals t(r.rep);
+  if (o->json) {
+    print_json(*o, r, t);
+  } else {
+    print_text(*o, r, t);
+  }
+  return (o->check && r.check.differ > 0) || !r.conserved ? 1 : 0;
 }
 
 }  // namespace

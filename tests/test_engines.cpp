@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -309,7 +310,10 @@ void expect_trtllm(const prepack::step_inputs<>& in, const std::string& where) {
     ASSERT_EQ(a.host_request_types[r], static_cast<int>(r) < contexts ? 0 : 1);
     ASSERT_EQ(a.kv_lens[r], a.num_cached_tokens_per_seq[r] + a.seq_lens[r]);
     ASSERT_EQ(a.seq_lens[r], in.query_lens[q]);
-    ASSERT_EQ(a.context_lengths[r], in.prompt_lens[q]);
+    // TensorRT-LLM's _prepare_tp_inputs (tensorrt_llm/_torch/pyexecutor/model_engine.py)
+    // passes as context_lengths the tokens of this chunk for a context request
+    // (prompt_lengths.append(len(prompt_tokens))) and the prompt's length for a generation one.
+    ASSERT_EQ(a.context_lengths[r], in.decodes[q] ? in.prompt_lens[q] : in.query_lens[q]);
     const auto blocks = in.tables.blocks(q);
     for (std::size_t k = 0; k < a.max_blocks_per_seq; ++k) {
       for (int field = 0; field < 2; ++field) {
@@ -396,6 +400,14 @@ TEST(Engines, DecodeStepsInEveryForm) {
   seqs[0].blocks = prepack::span<const std::int32_t>(short_row);
   EXPECT_PREPACK_ERROR(prepack::make_decode_inputs(seqs, bs, 16),
                        "sequence 10: positions up to 7 need 2 blocks of 4");
+  // Overflowing contexts name the sequence too.
+  seqs[0].context = std::numeric_limits<std::size_t>::max();
+  EXPECT_PREPACK_ERROR(prepack::make_decode_inputs(seqs, bs, 16),
+                       "sequence 10: context 18446744073709551615 + 1 tokens overflows size_t");
+  seqs[0].context = std::size_t{1} << 40;
+  EXPECT_PREPACK_ERROR(prepack::make_decode_inputs(seqs, bs, 16),
+                       "sequence 10: context 1099511627776 + 1 tokens = 1099511627777 positions "
+                       "do not fit the int32 index type");
 }
 
 TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
@@ -407,10 +419,26 @@ TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
   const auto first = prepack::make_step_inputs(sched, 0, toks, tables, 4);
   EXPECT_PREPACK_ERROR(prepack::trtllm::make_step(first),
                        "request 0: context chunk of 7 tokens is not a whole number of blocks of 4");
+  // A prompt's last chunk may be any length and start anywhere.
   const auto second = prepack::make_step_inputs(sched, 1, toks, tables, 4);
-  EXPECT_PREPACK_ERROR(
-      prepack::trtllm::make_step(second),
-      "request 0: a context chunk at position 7 does not start at a block boundary");
+  EXPECT_NO_THROW(prepack::trtllm::make_step(second));
+  // A chunk need not start at a block boundary (MicroBatchScheduler::setCtxRequestsChunkSize
+  // sizes chunks, not starts: after a partial prefix reuse a request resumes mid-block); only
+  // its size must be whole blocks when more of the prompt follows.
+  std::vector<prepack::schedule_item> reuse(1);
+  reuse[0].length = 12;
+  reuse[0].context = 5;
+  reuse[0].prompt = 0;
+  const auto resumed =
+      prepack::budgeted_schedule(prepack::span<const prepack::schedule_item>(reuse),
+                                 {8, prepack::chunking::fill, prepack::schedule_order::arrival, 4});
+  const auto rtoks = test::tagged_prompts({12}, 100);
+  const auto rtables = prepack::make_block_tables({{0, 1, 2, 3, 4}}, 4);
+  for (std::size_t s = 0; s < resumed.n_steps(); ++s) {
+    const auto in = prepack::make_step_inputs(resumed, s, rtoks, rtables, 8);
+    ASSERT_EQ(in.context_lens[0], s == 0 ? 5 : 13);
+    EXPECT_NO_THROW(prepack::trtllm::make_step(in));
+  }
   const auto aligned = prepack::budgeted_schedule(
       std::vector<int>{10}, {7, prepack::chunking::fill, prepack::schedule_order::arrival, 4});
   for (std::size_t s = 0; s < aligned.n_steps(); ++s) {

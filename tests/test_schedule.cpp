@@ -257,6 +257,17 @@ TEST(Schedule, BlockAlignedChunksAreWholeBlocks) {
       prepack::budgeted_schedule(std::vector<int>{8},
                                  {4, prepack::chunking::fill, prepack::schedule_order::arrival, 5}),
       "block size 5 exceeds the budget 4");
+  // whole_first chunks only what exceeds the budget, aligned or not: a 9-token prompt under a
+  // budget of 10 with blocks of 4 runs whole, in one step (its last chunk needs no alignment).
+  for (const std::size_t bs : {std::size_t{0}, std::size_t{4}}) {
+    const auto whole = prepack::budgeted_schedule(
+        std::vector<int>{9},
+        {10, prepack::chunking::whole_first, prepack::schedule_order::arrival, bs});
+    ASSERT_EQ(whole.n_steps(), 1u) << "block size " << bs;
+    ASSERT_EQ(whole.chunks.size(), 1u);
+    EXPECT_EQ(whole.chunks[0].length, 9u);
+    EXPECT_EQ(whole.n_chunked(), 0u);
+  }
   // Without alignment, fill splits where the room ends: a chunk of 5 tokens of 3-token blocks.
   const auto unaligned =
       prepack::budgeted_schedule(std::vector<int>{5, 9}, {7, prepack::chunking::fill});

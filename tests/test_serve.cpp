@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -362,6 +363,139 @@ TEST(BlockPool, ReferencesCachingAndLeafFirstEviction) {
   EXPECT_EQ(*p.allocate(), a);
   EXPECT_FALSE(p.allocate().has_value());
   EXPECT_PREPACK_ERROR(prepack::block_pool(2, 2, true).release(0), "released without a reference");
+}
+
+// A parent that is not a cached block is refused as prepack::error (it was std::out_of_range):
+// a block held but private, one never handed out, one outside the pool, and the block itself.
+TEST(BlockPool, InsertAfterABlockNotCachedIsRefused) {
+  prepack::block_pool p(4, 1, true);
+  const auto a = *p.allocate(), b = *p.allocate();
+  const std::vector<std::int32_t> t{7};
+  const prepack::span<const std::int32_t> one(t);
+  for (const std::int32_t parent : {a, std::int32_t{3}, std::int32_t{9}, b}) {
+    EXPECT_PREPACK_ERROR(p.insert(b, parent, one), "which is not a cached block");
+  }
+  EXPECT_EQ(p.cached(), 0u);
+  EXPECT_TRUE(p.insert(a, -1, one));
+  EXPECT_TRUE(p.insert(b, a, one));
+  EXPECT_PREPACK_ERROR(p.insert(9, -1, one), "block pool: block 9 outside the pool of 4");
+}
+
+// available() is what allocate() gives, and drop_cache() frees every unreferenced cached block,
+// also when a cached block's prefix is idle while the block itself is held (an engine using the
+// pool directly): the prefix is reclaimed and the held block leaves the cache with it.
+TEST(BlockPool, IdlePrefixOfAHeldBlockIsReclaimable) {
+  const std::vector<std::int32_t> t0{1}, t1{2};
+  {
+    prepack::block_pool p(2, 1, true);
+    const auto b0 = *p.allocate(), b1 = *p.allocate();
+    ASSERT_TRUE(p.insert(b0, -1, prepack::span<const std::int32_t>(t0)));
+    ASSERT_TRUE(p.insert(b1, b0, prepack::span<const std::int32_t>(t1)));
+    p.release(b0);  // b1 still held
+    EXPECT_EQ(p.available(), 1u);
+    EXPECT_EQ(p.allocate(), std::optional<std::int32_t>(b0));
+    EXPECT_FALSE(p.is_cached(b1));  // its key named b0, which now holds other content
+    EXPECT_EQ(p.find(b0, prepack::span<const std::int32_t>(t1)), -1);
+    EXPECT_EQ(p.available(), 0u);
+    EXPECT_FALSE(p.allocate().has_value());
+    p.release(b1);  // private now: freed, not cached
+    EXPECT_EQ(p.free(), 1u);
+  }
+  {
+    prepack::block_pool p(2, 1, true);
+    const auto b0 = *p.allocate(), b1 = *p.allocate();
+    ASSERT_TRUE(p.insert(b0, -1, prepack::span<const std::int32_t>(t0)));
+    ASSERT_TRUE(p.insert(b1, b0, prepack::span<const std::int32_t>(t1)));
+    p.release(b0);
+    EXPECT_EQ(p.drop_cache(), 1u);
+    EXPECT_EQ(p.cached(), 0u);
+    EXPECT_EQ(p.references(b1), 1u);
+    p.release(b1);
+    EXPECT_EQ(p.free(), 2u);
+    EXPECT_EQ(p.available(), 2u);
+  }
+}
+
+// With aligned chunks every prefill chunk but a request's last is whole blocks, so every step
+// goes to TensorRT-LLM's form (budget 5, blocks of 4: the first chunk of a 10-token prompt is
+// 4 tokens, not 5); without, the same stream gives a 5-token chunk TensorRT-LLM refuses.
+TEST(Serve, AlignedChunksAreWholeBlocksForTensorRTLLM) {
+  for (const bool aligned : {true, false}) {
+    prepack::scheduler_options so;
+    so.token_budget = 5;
+    so.block_size = 4;
+    so.n_blocks = 16;
+    so.aligned_chunks = aligned;
+    scheduler s(so);
+    prepack::request r;
+    r.id = 1;
+    r.prompt.assign(10, 3);
+    r.max_new_tokens = 3;
+    s.add(r);
+    std::size_t steps = 0;
+    bool refused = false;
+    while (!s.idle()) {
+      const auto st = s.next_step();
+      ASSERT_FALSE(st.empty());
+      if (steps++ == 0) {
+        EXPECT_EQ(st.inputs.query_lens[0], aligned ? 4 : 5);
+      }
+      try {
+        prepack::trtllm::make_step(st.inputs);
+      } catch (const prepack::error& e) {
+        refused = true;
+        EXPECT_NE(std::string(e.what()).find("is not a whole number of blocks of 4"),
+                  std::string::npos);
+      }
+      std::vector<std::int32_t> sampled(st.n_samples, 2);
+      s.commit(prepack::span<const std::int32_t>(sampled));
+    }
+    EXPECT_EQ(refused, !aligned);
+  }
+  prepack::scheduler_options bad;
+  bad.token_budget = 3;
+  bad.block_size = 4;
+  bad.n_blocks = 4;
+  bad.aligned_chunks = true;
+  EXPECT_PREPACK_ERROR(scheduler{bad},
+                       "aligned chunks need a block (4 tokens) within the token budget (3)");
+}
+
+// A request preempted after generating is recomputed from its prompt and what it generated:
+// prompt_lens stays its prompt (vLLM's num_prompt_tokens) while the chunk covers more, and
+// TensorRT-LLM's context_lengths is the chunk's own tokens, never below what it computes.
+TEST(Serve, RecomputedRequestsKeepTheirPromptLength) {
+  prepack::scheduler_options so;
+  so.token_budget = 8;
+  so.block_size = 1;
+  so.n_blocks = 6;
+  so.prefix_cache = false;
+  scheduler s(so);
+  prepack::request a, b;
+  a.id = 1;
+  a.prompt = {1, 2};
+  a.max_new_tokens = 4;
+  b.id = 2;
+  b.prompt = {3, 4};
+  b.max_new_tokens = 4;
+  s.add(a);
+  s.add(b);
+  bool recomputed = false;
+  while (!s.idle()) {
+    const auto st = s.next_step();
+    const auto t = prepack::trtllm::make_step(st.inputs);
+    for (std::size_t r = 0; r < t.seq_order.size(); ++r) {
+      const std::size_t q = t.seq_order[r];
+      EXPECT_EQ(st.inputs.prompt_lens[q], 2);
+      if (!st.inputs.decodes[q]) {
+        EXPECT_EQ(t.context_lengths[r], t.seq_lens[r]);
+        recomputed = recomputed || st.inputs.query_lens[q] > 2;
+      }
+    }
+    std::vector<std::int32_t> sampled(st.n_samples, 5);
+    s.commit(prepack::span<const std::int32_t>(sampled));
+  }
+  EXPECT_TRUE(recomputed) << "the pool was meant to force a preemption after generating";
 }
 
 }  // namespace

@@ -284,7 +284,9 @@ inline step_schedule budgeted_schedule(span<const schedule_item> items, const bu
         const std::size_t room = tree.room(s);
         piece = rest <= room ? rest : (bs > 0 ? room / bs * bs : room);
       } else {
-        piece = std::min(rest, full_chunk);
+        // Whole when the rest fits a step (an item's last chunk needs no alignment); else a
+        // full chunk of the budget, rounded down to whole blocks when aligned.
+        piece = rest <= opt.budget ? rest : full_chunk;
         s = tree.find(from, piece);
       }
       tree.take(s, piece);

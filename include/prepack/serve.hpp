@@ -68,6 +68,15 @@ PREPACK_NAMESPACE_BEGIN
 
 /// A serving pool's blocks: reference counts, handed out lowest-numbered first, and (with
 /// caching) full blocks kept after their last reference as a content-keyed prefix cache.
+///
+/// The cache is a forest: a cached block is keyed by its tokens and the cached block before it
+/// (its parent), so by everything before it. Every unreferenced ("idle") cached block can be
+/// reclaimed: least recently used leaves first, then, when only blocks that others follow are
+/// idle, the least recently used of those, whose cached descendants leave the cache with it (a
+/// key naming a block that now holds other content would match the wrong prefix): idle ones are
+/// freed, referenced ones stay with their holders as private blocks. A serving loop that holds
+/// every block of a sequence (prepack::scheduler) never meets that case; an engine that holds a
+/// block without its prefix can.
 class block_pool {
  public:
   /// Throws prepack::error for no blocks, a block size of 0, or more blocks than int32 ids.
@@ -83,20 +92,25 @@ class block_pool {
   bool caching() const noexcept { return caching_; }
   /// Blocks that hold nothing.
   std::size_t free() const noexcept { return n_blocks_ - fresh_ + released_.size(); }
-  /// Blocks held in the cache only (evictable, now or once the cached blocks after them go).
-  std::size_t cached_unreferenced() const noexcept { return idle_cached_; }
-  /// Blocks a request could get now: free, or evicted from the cache.
-  std::size_t available() const noexcept { return free() + idle_cached_; }
+  /// Blocks held in the cache only (unreferenced): each can be reclaimed by allocate().
+  std::size_t cached_unreferenced() const noexcept { return leaves_.size() + inner_.size(); }
+  /// Blocks a request could get now: free, or reclaimed from the cache. allocate() succeeds
+  /// exactly this many times in a row.
+  std::size_t available() const noexcept { return free() + cached_unreferenced(); }
   /// Blocks in the cache, referenced or not.
   std::size_t cached() const noexcept { return entries_.size(); }
-  /// References to block b (0 for a free or idle cached block).
+  /// Whether block b is in the cache. False for a block outside the pool.
+  bool is_cached(std::int32_t b) const { return entries_.count(b) != 0; }
+  /// References to block b (0 for a free or idle cached block, or a block outside the pool).
   std::uint32_t references(std::int32_t b) const {
-    return static_cast<std::size_t>(b) < ref_.size() ? ref_[static_cast<std::size_t>(b)] : 0;
+    return b >= 0 && static_cast<std::size_t>(b) < ref_.size() ? ref_[static_cast<std::size_t>(b)]
+                                                               : 0;
   }
 
   /// A block for new content, with one reference: the lowest free one, else the least recently
-  /// used unreferenced cached block that no cached block follows (evicted). nullopt when none.
-  /// O(log cached).
+  /// used idle cached leaf, else the least recently used idle cached block others follow (its
+  /// cached descendants leave the cache: see the class comment). nullopt when none.
+  /// O(log cached), and O(its descendants) when a followed block is reclaimed.
   std::optional<std::int32_t> allocate() {
     std::int32_t b = -1;
     if (!released_.empty()) {
@@ -105,9 +119,9 @@ class block_pool {
     } else if (fresh_ < n_blocks_) {
       b = static_cast<std::int32_t>(fresh_++);
       ref_.push_back(0);
-    } else if (!lru_.empty()) {
-      b = lru_.begin()->second;
-      evict(b);
+    } else if (!leaves_.empty() || !inner_.empty()) {
+      b = (!leaves_.empty() ? leaves_ : inner_).begin()->second;
+      uncache(b, /*free_idle=*/false);
     } else {
       return std::nullopt;
     }
@@ -115,35 +129,32 @@ class block_pool {
     return b;
   }
 
-  /// One more reference to a cached block (a cache hit). O(log cached).
+  /// One more reference to block b: a cached one (a cache hit) or one already referenced.
+  /// Throws prepack::error for a block outside the pool or one free. O(log cached).
   void acquire(std::int32_t b) {
     check_id(b);
+    const auto it = entries_.find(b);
+    detail::require(references(b) > 0 || it != entries_.end(), "block pool: block ", b,
+                    " is free: only a cached or referenced block is acquired");
     auto& r = ref_[static_cast<std::size_t>(b)];
-    if (r == 0) {
-      const auto it = entries_.find(b);
-      detail::require(it != entries_.end(), "block pool: block ", b,
-                      " is free: only a cached block is acquired");
-      lru_.erase({it->second.last_use, b});
-      --idle_cached_;
-    }
+    if (r == 0) idle_set(it->second).erase({it->second.last_use, b});
     ++r;
   }
 
   /// Drops a reference: an unreferenced block is freed, or stays cached (idle) if it is in the
-  /// cache. O(log cached).
+  /// cache. Throws prepack::error for a block outside the pool or one without a reference.
+  /// O(log cached).
   void release(std::int32_t b) {
     check_id(b);
-    auto& r = ref_[static_cast<std::size_t>(b)];
-    detail::require(r > 0, "block pool: block ", b, " released without a reference");
-    if (--r > 0) return;
+    detail::require(references(b) > 0, "block pool: block ", b, " released without a reference");
+    if (--ref_[static_cast<std::size_t>(b)] > 0) return;
     const auto it = entries_.find(b);
     if (it == entries_.end()) {
       released_.insert(b);
       return;
     }
     it->second.last_use = ++clock_;
-    ++idle_cached_;
-    if (it->second.children == 0) lru_.insert({it->second.last_use, b});
+    idle_set(it->second).insert({it->second.last_use, b});
   }
 
   /// The cached block that holds `tokens` (block_size of them) right after cached block
@@ -163,17 +174,28 @@ class block_pool {
   }
 
   /// Puts referenced block b, full of `tokens` after cached block `parent` (-1: first), in the
-  /// cache. False (b left private) without caching, or when that content is cached already.
-  /// O(block_size + log cached).
+  /// cache. False (b left private) without caching, or when b or that content is cached
+  /// already. Throws prepack::error, changing nothing, for a token count other than the block
+  /// size, a block b outside the pool or without a reference, or a parent that is not a cached
+  /// block (or is b). O(block_size + log cached).
   template <class T>
   bool insert(std::int32_t b, std::int32_t parent, span<const T> tokens) {
     detail::require(tokens.size() == block_size_, "block pool: ", tokens.size(),
                     " tokens for a block of ", block_size_);
+    detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks_, "block pool: block ", b,
+                    " outside the pool of ", n_blocks_);
     detail::require(references(b) > 0, "block pool: caching block ", b, " without a reference");
+    detail::require(parent == -1 || (parent != b && entries_.count(parent) != 0),
+                    "block pool: block ", b, " follows block ", parent,
+                    ", which is not a cached block (-1: the start of a sequence)");
     if (!caching_ || entries_.count(b) != 0 || find(parent, tokens) >= 0) return false;
     if (parent >= 0) {
       entry& p = entries_.at(parent);
-      if (p.children++ == 0 && references(parent) == 0) lru_.erase({p.last_use, parent});
+      if (references(parent) == 0 && p.kids.empty()) {  // an idle leaf that others now follow
+        leaves_.erase({p.last_use, parent});
+        inner_.insert({p.last_use, parent});
+      }
+      p.kids.push_back(b);
     }
     entry e;
     e.parent = parent;
@@ -183,32 +205,33 @@ class block_pool {
     return true;
   }
 
-  /// Frees every unreferenced cached block; returns how many. O(cached log cached).
+  /// Frees every unreferenced cached block (referenced blocks whose prefix is freed stay with
+  /// their holders, out of the cache); returns how many were freed. O(cached log cached).
   std::size_t drop_cache() {
-    std::size_t n = 0;
-    while (!lru_.empty()) {
-      const std::int32_t b = lru_.begin()->second;
-      evict(b);
-      released_.insert(b);
-      ++n;
+    const std::size_t before = free();
+    while (!leaves_.empty() || !inner_.empty()) {
+      const std::int32_t b = (!leaves_.empty() ? leaves_ : inner_).begin()->second;
+      uncache(b, /*free_idle=*/true);
     }
-    return n;
+    return free() - before;
   }
 
  private:
   struct entry {
     std::int32_t parent = -1;
     std::vector<std::int32_t> tokens;
-    std::size_t children = 0;  // cached blocks that follow this one
+    std::vector<std::int32_t> kids;  // cached blocks that follow this one
     std::uint64_t last_use = 0;
   };
+  using by_use = std::set<std::pair<std::uint64_t, std::int32_t>>;
 
   void check_id(std::int32_t b) const {
     detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks_, "block pool: block ", b,
                     " outside the pool of ", n_blocks_);
-    detail::require(static_cast<std::size_t>(b) < fresh_, "block pool: block ", b,
-                    " released without a reference");
   }
+
+  // The set an idle cached block is in: leaves_ when no cached block follows it, else inner_.
+  by_use& idle_set(const entry& e) { return e.kids.empty() ? leaves_ : inner_; }
 
   template <class T>
   static std::uint64_t hash(std::int32_t parent, span<const T> tokens) {
@@ -218,24 +241,40 @@ class block_pool {
     return h;
   }
 
-  // Takes an idle cached leaf out of the cache (its parent may become an evictable leaf).
-  void evict(std::int32_t b) {
-    auto it = entries_.find(b);
-    entry& e = it->second;
-    lru_.erase({e.last_use, b});
-    --idle_cached_;
-    const auto range = index_.equal_range(hash(e.parent, span<const std::int32_t>(e.tokens)));
-    for (auto i = range.first; i != range.second; ++i) {
-      if (i->second == b) {
-        index_.erase(i);
-        break;
-      }
-    }
+  // Takes idle cached block b out of the cache with its cached descendants: idle descendants are
+  // freed, referenced ones stay with their holders, private; b itself is freed when free_idle,
+  // else handed to the caller (allocate). Its parent may become an idle leaf.
+  void uncache(std::int32_t b, bool free_idle) {
+    entry& e = entries_.at(b);
     if (e.parent >= 0) {
       entry& p = entries_.at(e.parent);
-      if (--p.children == 0 && references(e.parent) == 0) lru_.insert({p.last_use, e.parent});
+      p.kids.erase(std::find(p.kids.begin(), p.kids.end(), b));
+      if (p.kids.empty() && references(e.parent) == 0) {
+        inner_.erase({p.last_use, e.parent});
+        leaves_.insert({p.last_use, e.parent});
+      }
     }
-    entries_.erase(it);
+    std::vector<std::int32_t> todo{b};
+    while (!todo.empty()) {
+      const std::int32_t x = todo.back();
+      todo.pop_back();
+      auto it = entries_.find(x);
+      entry& ex = it->second;
+      todo.insert(todo.end(), ex.kids.begin(), ex.kids.end());
+      const bool idle = references(x) == 0;
+      if (idle) {
+        idle_set(ex).erase({ex.last_use, x});
+        if (x != b || free_idle) released_.insert(x);
+      }
+      const auto range = index_.equal_range(hash(ex.parent, span<const std::int32_t>(ex.tokens)));
+      for (auto i = range.first; i != range.second; ++i) {
+        if (i->second == x) {
+          index_.erase(i);
+          break;
+        }
+      }
+      entries_.erase(it);
+    }
   }
 
   std::size_t n_blocks_, block_size_;
@@ -245,8 +284,8 @@ class block_pool {
   std::vector<std::uint32_t> ref_;   // [fresh_]
   std::unordered_map<std::int32_t, entry> entries_;             // cached blocks
   std::unordered_multimap<std::uint64_t, std::int32_t> index_;  // content hash -> block
-  std::set<std::pair<std::uint64_t, std::int32_t>> lru_;        // idle cached leaves, oldest first
-  std::size_t idle_cached_ = 0;
+  by_use leaves_;  // idle cached blocks no cached block follows, oldest first
+  by_use inner_;   // idle cached blocks others follow, oldest first
   std::uint64_t clock_ = 0;
 };
 
@@ -262,6 +301,10 @@ struct scheduler_options {
   admission policy = admission::fcfs;
   bool prefix_cache = true;
   std::size_t max_wait_steps = 64;  // packed, shortest_first: waited this long, admitted first
+  /// Every prefill chunk but a request's last is a whole number of blocks (TensorRT-LLM's
+  /// chunked context: non-final chunk sizes a multiple of tokens_per_block); a chunk that would
+  /// round down to nothing waits for a step with room. Needs block_size <= token_budget.
+  bool aligned_chunks = false;
 };
 
 /// A request as it arrives.
@@ -305,11 +348,15 @@ struct scheduler_stats {
 
 class scheduler {
  public:
-  /// Throws prepack::error for a budget, cap, pool or block size of 0.
+  /// Throws prepack::error for a budget, cap, pool or block size of 0, or aligned chunks with
+  /// a block larger than the budget.
   explicit scheduler(const scheduler_options& opt)
       : opt_(opt), pool_(opt.n_blocks, opt.block_size, opt.prefix_cache) {
     detail::require(opt.token_budget > 0, "scheduler: token budget 0");
     detail::require(opt.max_seqs > 0, "scheduler: max_seqs 0");
+    detail::require(!opt.aligned_chunks || opt.block_size <= opt.token_budget,
+                    "scheduler: aligned chunks need a block (", opt.block_size,
+                    " tokens) within the token budget (", opt.token_budget, ")");
   }
 
   /// Queues a request. Throws prepack::error naming it, queuing nothing, for an id already
@@ -348,6 +395,9 @@ class scheduler {
     step_builder<std::int32_t> b(opt_.block_size, opt_.n_blocks, [&](std::size_t k) {
       return "request " + std::to_string(planned_[k].id);
     });
+    std::size_t n_tokens = 0;
+    for (const plan& p : planned_) n_tokens += p.n;
+    b.reserve(planned_.size(), n_tokens);
     for (const plan& p : planned_) {
       live& q = live_.at(p.id);
       const span<const std::int32_t> toks(q.tokens.data() + q.computed, p.n);
@@ -493,6 +543,14 @@ class scheduler {
     return nullptr;
   }
 
+  // Tokens of q's prefill that fit `room`: all that is left when it fits, else `room`, rounded
+  // down to whole blocks with aligned chunks (0: nothing fits this step).
+  std::size_t chunk(const live& q, std::size_t room) const {
+    const std::size_t left = q.tokens.size() - q.computed;
+    if (left <= room) return left;
+    return opt_.aligned_chunks ? room / opt_.block_size * opt_.block_size : room;
+  }
+
   void schedule(live& q, std::size_t n, bool decode) {
     planned_.push_back({q.r.id, n, decode});
     in_step_.insert(q.r.id);
@@ -529,7 +587,8 @@ class scheduler {
       if (budget_ == 0 || seqs_ == 0) break;
       live& q = live_.at(id);
       if (in_step_.count(id) != 0) continue;
-      schedule(q, std::min(budget_, q.tokens.size() - q.computed), false);
+      const std::size_t n = chunk(q, budget_);
+      if (n > 0) schedule(q, n, false);
     }
   }
 
@@ -549,6 +608,10 @@ class scheduler {
     }
     const std::size_t todo = q.tokens.size() - hits.size() * bs;
     if (whole && todo > budget_) return false;
+    // The first chunk (aligned chunks: whole blocks unless it is the last).
+    const std::size_t first =
+        todo <= budget_ || !opt_.aligned_chunks ? std::min(budget_, todo) : budget_ / bs * bs;
+    if (first == 0) return false;
     const std::size_t need = blocks_for(q.tokens.size(), bs) - hits.size();
     // Hit blocks that are idle in the cache stop counting as available once taken.
     std::size_t idle_hits = 0;
@@ -571,7 +634,7 @@ class scheduler {
     q.admitted = admissions_++;
     running_.insert({q.admitted, q.r.id});
     q.in_prefill = prefill_.insert(prefill_.end(), q.r.id);
-    schedule(q, std::min(budget_, todo), false);
+    schedule(q, first, false);
     return true;
   }
 

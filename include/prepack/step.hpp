@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -62,9 +63,12 @@ struct step_inputs {
                                         //             last chunk, of an item that ends a prompt)
   std::vector<std::uint8_t> decodes;    // [n_seqs]    1 if it feeds back a generated token (a
                                         //             decode: TensorRT-LLM's generation request)
-  std::vector<Index> prompt_lens;       // [n_seqs]    positions of the prompt it computes (its
-                                        //             item's context + length; TensorRT-LLM's
-                                        //             prompt / context length)
+  std::vector<Index> prompt_lens;       // [n_seqs]    tokens of the sequence's prompt (vLLM's
+                                        //             num_prompt_tokens): a schedule item's
+                                        //             context + length; a serving request's
+                                        //             prompt alone, however much it has
+                                        //             generated (recomputed after preemption it
+                                        //             prefills past prompt_lens)
   block_tables tables;                  // [n_seqs][max_blocks]  the sequences' blocks
   // Per token.
   std::vector<Token> tokens;               // [n_tokens]    token ids
@@ -144,15 +148,24 @@ class step_builder {
     const std::size_t q = in_.seq_item.size();
     const auto who = [&] { return name_(q); };
     detail::require(!tokens.empty(), who(), ": no tokens to compute");
-    const std::size_t end = detail::add(context, tokens.size(), "position");
+    if (context > std::numeric_limits<std::size_t>::max() - tokens.size()) {
+      detail::fail(who(), ": context ", context, " + ", tokens.size(), " tokens overflows size_t");
+    }
+    const std::size_t end = context + tokens.size();
+    if (!detail::fits<Index>(end)) {
+      detail::fail(who(), ": context ", context, " + ", tokens.size(), " tokens = ", end,
+                   " positions do not fit the ", detail::type_name<Index>(), " index type");
+    }
+    if (!detail::fits<Index>(prompt_len)) {
+      detail::fail(who(), ": prompt length ", prompt_len, " does not fit the ",
+                   detail::type_name<Index>(), " index type");
+    }
     detail::check_row(row, end, bs_, in_.n_blocks, who);
     for (std::size_t t = 0; t < tokens.size(); ++t) {
       if (!detail::fits<Token>(tokens[t])) {
         detail::fail(who(), ": token ", t, " = ", tokens[t], " does not fit the token type");
       }
     }
-    detail::narrow<Index>(end, "position");
-    detail::narrow<Index>(prompt_len, "prompt length");
     const std::size_t total_q = detail::add(n_tokens_, tokens.size(), "step tokens");
     const std::size_t total_k = detail::add(n_keys_, end, "step keys");
     detail::narrow<Index>(total_q, "cu_seqlens_q total");
@@ -175,19 +188,45 @@ class step_builder {
     in_.completes.push_back(completes ? 1 : 0);
     in_.decodes.push_back(decode ? 1 : 0);
     in_.prompt_lens.push_back(static_cast<Index>(prompt_len));
+    // Per token: each array grown once, then written in one plain loop.
+    const std::size_t n = tokens.size(), at = in_.tokens.size();
+    in_.tokens.resize(at + n);
+    in_.positions.resize(at + n);
+    in_.token_seq_id.resize(at + n, id);
+    in_.logits.resize(at + n, 0);
+    in_.slot_mapping.resize(at + n);
     const block_row<std::int32_t> r{row, bs_};
-    for (std::size_t t = 0; t < tokens.size(); ++t) {
+    for (std::size_t t = 0; t < n; ++t) {
       const std::size_t pos = context + t;
-      in_.tokens.push_back(static_cast<Token>(tokens[t]));
-      in_.positions.push_back(static_cast<Index>(pos));
-      in_.token_seq_id.push_back(id);
-      in_.logits.push_back(completes && t + 1 == tokens.size() ? 1 : 0);
-      in_.slot_mapping.push_back(r.slot(pos));
+      in_.tokens[at + t] = static_cast<Token>(tokens[t]);
+      in_.positions[at + t] = static_cast<Index>(pos);
+      in_.slot_mapping[at + t] = r.slot(pos);
     }
+    if (completes) in_.logits[at + n - 1] = 1;
   }
 
   std::size_t n_seqs() const noexcept { return in_.seq_item.size(); }
   std::size_t n_tokens() const noexcept { return n_tokens_; }
+
+  /// Room for `seqs` sequences of `tokens` tokens in all, so adding them allocates nothing more
+  /// (a hint: adding more still works).
+  void reserve(std::size_t seqs, std::size_t tokens) {
+    in_.seq_item.reserve(seqs);
+    in_.seq_id.reserve(seqs);
+    for (auto* v : {&in_.context_lens, &in_.query_lens, &in_.seq_lens, &in_.prompt_lens}) {
+      v->reserve(seqs);
+    }
+    in_.cu_seqlens_q.reserve(seqs + 1);
+    in_.cu_seqlens_k.reserve(seqs + 1);
+    in_.completes.reserve(seqs);
+    in_.decodes.reserve(seqs);
+    rows_.reserve(seqs);
+    in_.tokens.reserve(tokens);
+    in_.positions.reserve(tokens);
+    in_.token_seq_id.reserve(tokens);
+    in_.logits.reserve(tokens);
+    in_.slot_mapping.reserve(tokens);
+  }
 
   /// The step: throws prepack::error for a block used unsafely (see the class comment).
   step_inputs<Token, Index> finish() && {
@@ -236,6 +275,9 @@ step_inputs<Token, Index> make_step_inputs(const step_schedule& sched, std::size
   step_builder<Token, Index> b(tables.block_size, n_blocks, [&](std::size_t q) {
     return item_name(sched.items[chunks[q].item], chunks[q].item);
   });
+  std::size_t n_tokens = 0;
+  for (const chunk& c : chunks) n_tokens += c.length;  // checked against the items above
+  b.reserve(chunks.size(), n_tokens);
   for (const chunk& c : chunks) {
     const schedule_item& it = sched.items[c.item];
     const std::int64_t id = !opt.seq_ids.empty() ? opt.seq_ids[c.item]
@@ -267,6 +309,7 @@ step_inputs<Token, Index> make_decode_inputs(span<const decode_sequence<T>> seqs
   step_builder<Token, Index> b(block_size, n_blocks, [&](std::size_t q) {
     return "sequence " + std::to_string(seqs[q].id);
   });
+  b.reserve(seqs.size(), seqs.size());
   for (std::size_t q = 0; q < seqs.size(); ++q) {
     const auto& d = seqs[q];
     b.add(q, d.id, d.context, span<const T>(&d.token, 1), d.blocks, true, true, d.prompt_len);

@@ -27,7 +27,7 @@ import torch
 
 from . import _prepack
 
-__all__ = ["PrefillResult", "pack_inputs", "prefill", "generate", "padded_prefill"]
+__all__ = ["PrefillResult", "pack_inputs", "prefill", "unpack_caches", "generate", "padded_prefill"]
 
 _MASKED_ATTENTION = ("eager", "sdpa")
 
@@ -105,10 +105,12 @@ def _new_cache(model):
         return DynamicCache()
 
 
-def _unpack_caches(model, batch: _prepack.PackedBatch, past, torch_slicing: bool = False):
-    """Every prompt's cache out of the packed rows' cache: prepack's unpacker on CPU tensors
-    (one C++ call per layer and K / V), a copy of each prompt's slice elsewhere. Frees each
-    packed layer once it is copied."""
+def unpack_caches(model, batch: _prepack.PackedBatch, past, torch_slicing: bool = False):
+    """Every prompt's cache out of the packed rows' ``past_key_values``: a list of the model's
+    cache type (DynamicCache), prompt i's holding keys and values [1, kv_heads, length_i,
+    head_dim] in every layer. On CPU tensors prepack's unpacker copies them (one C++ call per
+    layer and K / V: PackedBatch.unpack); elsewhere (a GPU) each prompt's slice is copied in
+    torch. Frees each packed layer once it is copied (``past`` is emptied)."""
     n = batch.n_prompts
     caches = [_new_cache(model) for _ in range(n)]
     rows = batch.prompt_row.tolist()
@@ -157,7 +159,7 @@ def prefill(model, prompts, *, capacity: Optional[int] = None, method: str = "ff
     finally:
         hook.remove()
     logits = out.logits[0]
-    caches = _unpack_caches(model, batch, out.past_key_values) if return_caches else []
+    caches = unpack_caches(model, batch, out.past_key_values) if return_caches else []
     return PrefillResult(logits=logits, caches=caches, batch=batch)
 
 

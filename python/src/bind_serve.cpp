@@ -52,6 +52,7 @@ void bind_serve(nb::module_& m) {
       .def_prop_ro("cached", &block_pool::cached, "Blocks in the cache, referenced or not.")
       .def_prop_ro("cached_unreferenced", &block_pool::cached_unreferenced)
       .def("references", &block_pool::references, "block"_a)
+      .def("is_cached", &block_pool::is_cached, "block"_a)
       .def("allocate", &block_pool::allocate,
            "A block for new content with one reference (the lowest free, else the least "
            "recently used evictable cached block), or None. O(log cached).")
@@ -127,7 +128,7 @@ void bind_serve(nb::module_& m) {
           "__init__",
           [](scheduler* self, std::size_t token_budget, std::size_t max_seqs, std::size_t n_blocks,
              std::size_t block_size, std::size_t reserve_blocks, const std::string& policy,
-             bool prefix_cache, std::size_t max_wait_steps) {
+             bool prefix_cache, std::size_t max_wait_steps, bool aligned_chunks) {
             prepack::scheduler_options o;
             o.token_budget = token_budget;
             o.max_seqs = max_seqs;
@@ -141,13 +142,16 @@ void bind_serve(nb::module_& m) {
                  {"shortest_first", prepack::admission::shortest_first}});
             o.prefix_cache = prefix_cache;
             o.max_wait_steps = max_wait_steps;
+            o.aligned_chunks = aligned_chunks;
             new (self) scheduler(o);
           },
           "token_budget"_a = 512, "max_seqs"_a = 256, "n_blocks"_a, "block_size"_a = 16,
           "reserve_blocks"_a = 0, "policy"_a = "fcfs", "prefix_cache"_a = true,
-          "max_wait_steps"_a = 64,
+          "max_wait_steps"_a = 64, "aligned_chunks"_a = false,
           "policy: 'fcfs' (vLLM's), 'packed' (whole prompts first-fit-decreasing into the room "
-          "left) or 'shortest_first'. ValueError for a budget, cap, pool or block size of 0.")
+          "left) or 'shortest_first'; aligned_chunks: every prefill chunk but a request's last "
+          "whole blocks (TensorRT-LLM's chunked context). ValueError for a budget, cap, pool or "
+          "block size of 0, or aligned chunks with a block above the budget.")
       .def(
           "add",
           [](scheduler& s, std::int64_t id, array_like prompt, std::size_t max_new_tokens,

@@ -434,9 +434,12 @@ void bind_steps(nb::module_& m) {
          const prepack::block_tables& tables, std::size_t n_blocks, optional_array_like seq_ids) {
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
-        const auto ids = optional_ints<std::int64_t>(seq_ids, "seq_ids");
         prepack::step_options opt;
-        opt.seq_ids = ids;
+        std::vector<std::int64_t> ids;
+        if (!seq_ids.is_none()) {
+          ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();
+          opt.seq_ids = ids;
+        }
         return step_inputs_box{prepack::make_step_inputs<std::int32_t, std::int32_t>(
             sched, step, toks.tokens, tables, n_blocks, opt)};
       },

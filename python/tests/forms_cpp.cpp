@@ -196,6 +196,7 @@ json serve_json(const json& in) {
               : policy == "shortest_first" ? prepack::admission::shortest_first
                                            : prepack::admission::fcfs;
   so.prefix_cache = o.at("prefix_cache").get<bool>();
+  so.aligned_chunks = o.value("aligned_chunks", false);
   prepack::scheduler sched(so);
   for (const auto& r : in.at("requests")) {
     prepack::request q;

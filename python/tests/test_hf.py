@@ -64,7 +64,7 @@ def test_prepacked_prefill_equals_each_prompt_alone(impl):
     for kw in ({"capacity": 200}, {"method": "bfd"}):
         r = hf.prefill(model, prompts, **kw)
         assert (r.logits - result.logits).abs().max().item() < 1e-4
-    sliced = hf._unpack_caches(model, result.batch,
+    sliced = hf.unpack_caches(model, result.batch,
                                model(**hf.pack_inputs(model, prompts)[1], use_cache=True).past_key_values,
                                torch_slicing=True)
     for a, b in zip(sliced, result.caches):

@@ -7,13 +7,14 @@ import prepack
 from conftest import equal, random_prompts
 
 
-@pytest.mark.parametrize("policy,cache", [("fcfs", True), ("packed", True), ("shortest_first", False)])
-def test_a_python_engine_loop_runs_the_cpp_schedulers_steps(cpp, policy, cache):
+@pytest.mark.parametrize("policy,cache,aligned", [("fcfs", True, False), ("packed", True, True),
+                                                  ("shortest_first", False, False)])
+def test_a_python_engine_loop_runs_the_cpp_schedulers_steps(cpp, policy, cache, aligned):
     rng = np.random.default_rng(21)
     shared = rng.integers(0, 1000, 40).tolist()
     prompts = [shared + p for p in random_prompts(rng, 10, 1, 60)] + random_prompts(rng, 8, 1, 120)
     options = {"token_budget": 64, "max_seqs": 8, "n_blocks": 48, "block_size": 8,
-               "policy": policy, "prefix_cache": cache}
+               "policy": policy, "prefix_cache": cache, "aligned_chunks": aligned}
     requests = [[i, int(rng.integers(1, 9)), p] for i, p in enumerate(prompts)]
     c = cpp({"kind": "serve", "options": options, "requests": requests})
     s = prepack.Scheduler(**options)
@@ -56,6 +57,13 @@ def test_block_pool_caches_full_blocks_by_content():
     assert pool.drop_cache() == 2 and pool.free == 4
 
 
+def held_pool():
+    pool = prepack.BlockPool(4, 1)
+    pool.allocate()
+    pool.allocate()
+    return pool
+
+
 def test_bad_serving_input_raises():
     s = prepack.Scheduler(n_blocks=4, block_size=4, token_budget=8)
     s.add(1, [1, 2, 3])
@@ -70,6 +78,9 @@ def test_bad_serving_input_raises():
         (lambda: s.commit([1]), "scheduler: 1 sampled tokens for a step that samples 0"),
         (lambda: prepack.BlockPool(2, 2).release(0), "block pool: block 0 released without a reference"),
         (lambda: prepack.BlockPool(2, 2).insert(0, -1, [1, 2, 3]), "block pool: 3 tokens for a block of 2"),
+        (lambda: held_pool().insert(1, 0, [1]), "block 1 follows block 0, which is not a cached block"),
+        (lambda: prepack.Scheduler(n_blocks=4, block_size=8, token_budget=4, aligned_chunks=True),
+         "aligned chunks need a block (8 tokens) within the token budget (4)"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError) as e:

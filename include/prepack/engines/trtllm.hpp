@@ -7,15 +7,19 @@
 //  seq_lens                   [num_seqs] int32  new tokens (1 for a generation request)
 //  num_cached_tokens_per_seq  [num_seqs] int32  tokens already in the cache
 //  kv_lens                    [num_seqs] int32  cached + new
-//  context_lengths            [num_seqs] int32  each request's prompt length (prompt_lens)
+//  context_lengths            [num_seqs] int32  a context request's tokens in this chunk, a
+//                                               generation request's prompt length
+//                                               (_prepare_tp_inputs: prompt_lengths)
 //  host_request_types         [num_seqs] int32  0 context, 1 generation
 //  kv_cache_block_offsets     [num_pools = 1][num_seqs][2 (K, V)][max_blocks_per_seq] int32:
 //                             for block b of a pool of num_layers layers (block-first layout
 //                             [blocks][layers][K|V][...]), K at flat_index3(b, 0, 0, num_layers,
 //                             2) = 2 b num_layers and V one further; 0 past a request's blocks
-// Chunked context needs every chunk but a prompt's last to be a whole number of blocks (each
-// chunk starts at a block boundary): make_step refuses a step that breaks it, naming the
-// request (budget_options::block_size schedules so).
+// Chunked context needs every chunk but a prompt's last to be a whole number of blocks
+// (MicroBatchScheduler::setCtxRequestsChunkSize: non-final chunk sizes are multiples of
+// tokens_per_block; a chunk may start anywhere, after a partial prefix reuse): make_step refuses
+// a step that breaks it, naming the request (budget_options::block_size and
+// scheduler_options::aligned_chunks schedule so).
 // Cost: O(tokens + num_seqs x max_blocks_per_seq). Standard library only.
 #pragma once
 
@@ -74,11 +78,8 @@ attention_inputs make_step(const step_inputs<Token, Index>& in, const options& o
     if (in.decodes[q]) continue;
     const auto ctx = static_cast<std::size_t>(in.context_lens[q]);
     const auto len = static_cast<std::size_t>(in.query_lens[q]);
-    if (ctx % bs != 0) {
-      prepack::detail::fail("trtllm: request ", in.seq_id[q], ": a context chunk at position ", ctx,
-                            " does not start at a block boundary (blocks of ", bs, ")");
-    }
-    if (len % bs != 0 && ctx + len < static_cast<std::size_t>(in.prompt_lens[q])) {
+    const bool last = in.completes[q] || ctx + len >= static_cast<std::size_t>(in.prompt_lens[q]);
+    if (len % bs != 0 && !last) {
       prepack::detail::fail("trtllm: request ", in.seq_id[q], ": context chunk of ", len,
                             " tokens is not a whole number of blocks of ", bs,
                             " (only a prompt's last chunk may be)");
@@ -109,7 +110,9 @@ attention_inputs make_step(const step_inputs<Token, Index>& in, const options& o
     a.num_cached_tokens_per_seq.push_back(
         narrow<std::int32_t>(in.context_lens[q], "cached tokens"));
     a.kv_lens.push_back(narrow<std::int32_t>(in.seq_lens[q], "kv_lens"));
-    a.context_lengths.push_back(narrow<std::int32_t>(in.prompt_lens[q], "context_lengths"));
+    // A context request's chunk, a generation request's prompt (_prepare_tp_inputs).
+    a.context_lengths.push_back(narrow<std::int32_t>(
+        in.decodes[q] ? in.prompt_lens[q] : in.query_lens[q], "context_lengths"));
     a.host_request_types.push_back(in.decodes[q] ? 1 : 0);
     const auto row = in.tables.blocks(q);
     for (std::size_t k = 0; k < row.size(); ++k) {
