@@ -67,7 +67,7 @@ void BM_StepInputs(benchmark::State& state) {
     items[i].prompt = i;
     const std::size_t nb = prepack::blocks_for(ctx + q, bs), spread = pool / (n * nb);
     for (std::size_t k = 0; k < nb; ++k) {  // distinct blocks, spread over the whole pool
-      rows[i].push_back(static_cast<std::int32_t>((i * nb + k) * spread));
+      rows[i].push_back(static_cast<std::int32_t>(1 + (i * nb + k) * spread));  // 0: null block
     }
   }
   const auto tables = prepack::make_block_tables(rows, bs);

@@ -186,7 +186,7 @@ run_result run(const options& o) {
   sopt.exec = {o.model.threads, o.model.backend};
   run_result r;
   r.rep = ref::serve(m, s, o.trace, sopt);
-  r.conserved = s.blocks().available() == o.sched.n_blocks;
+  r.conserved = s.blocks().available() == s.blocks().usable();
   if (o.check) r.check = check_alone(m, o.trace, r.rep, o);
   return r;
 }

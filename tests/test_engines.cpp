@@ -20,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -30,6 +31,7 @@
 #include "prepack/paged.hpp"
 #include "prepack/prefix.hpp"
 #include "prepack/schedule.hpp"
+#include "prepack/serve.hpp"
 #include "prepack/step.hpp"
 
 namespace {
@@ -59,7 +61,8 @@ world plain_world(std::mt19937_64& rng, std::size_t n_prompts, std::size_t bs, s
   for (int l : len) need += prepack::blocks_for(static_cast<std::size_t>(l), bs) + 1;
   w.n_blocks = need + 5;
   std::vector<std::int32_t> ids(w.n_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
+  std::iota(ids.begin(), ids.end(), 1);  // block 0 is vLLM's null block, SGLang's padding
+  w.n_blocks += 1;
   std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<std::vector<std::int32_t>> rows;
   std::size_t next = 0;
@@ -90,7 +93,7 @@ world prefix_world(std::mt19937_64& rng, std::size_t bs, std::size_t budget,
   w.sched = prepack::budgeted_schedule(
       plan.items, {budget, prepack::chunking::fill, prepack::schedule_order::arrival, bs});
   w.item_tokens = plan.item_tokens(prompts);
-  prepack::block_allocator alloc(2048);
+  prepack::block_allocator alloc(2048, true);
   w.tables = prepack::allocate_prefix_tables(plan, alloc, 0).items;
   w.n_blocks = alloc.n_blocks();
   return w;
@@ -103,10 +106,10 @@ prepack::step_inputs<> mixed_step(std::mt19937_64& rng, std::size_t bs,
   rows.clear();
   const std::size_t n = 1 + rng() % 6;
   std::vector<std::int32_t> ids(200);
-  std::iota(ids.begin(), ids.end(), 0);
+  std::iota(ids.begin(), ids.end(), 1);
   std::shuffle(ids.begin(), ids.end(), rng);
   std::size_t next = 0;
-  prepack::step_builder<> b(bs, 200, [](std::size_t q) { return "seq " + std::to_string(q); });
+  prepack::step_builder<> b(bs, 201, [](std::size_t q) { return "seq " + std::to_string(q); });
   for (std::size_t q = 0; q < n; ++q) {
     // A decode, a prompt's last chunk, or (a whole number of blocks) a chunk short of its end.
     const bool decode = rng() % 2 == 0, last = rng() % 2 == 0;
@@ -117,7 +120,8 @@ prepack::step_inputs<> mixed_step(std::mt19937_64& rng, std::size_t bs,
       rows.back().push_back(ids[next++]);
     }
     std::vector<int> toks(len, 7 + static_cast<int>(q));
-    const std::size_t prompt_len = decode || last ? context + len : context + len + bs;
+    // The prompt's tokens (vLLM's num_prompt_tokens): a decode's lie within its context.
+    const std::size_t prompt_len = decode ? context : last ? context + len : context + len + bs;
     b.add(q, static_cast<std::int64_t>(100 + q), context, prepack::span<const int>(toks),
           prepack::span<const std::int32_t>(rows.back()), decode || context + len == prompt_len,
           decode, prompt_len);
@@ -126,24 +130,56 @@ prepack::step_inputs<> mixed_step(std::mt19937_64& rng, std::size_t bs,
 }
 
 // ---------- vLLM v1 ----------
+// vLLM's region of request q (vllm/v1/attention/backends/utils.py,
+// reorder_batch_to_split_decodes_and_prefills, decode_threshold 1): no context yet: prefill (3);
+// context and more than one token: long extend (2); one token of a prompt still prefilling
+// (num_computed_tokens < num_prompt_tokens): short extend (1); else decode (0).
+int vllm_region(const prepack::step_inputs<>& in, std::size_t q) {
+  const bool has_context = in.context_lens[q] > 0, below = in.query_lens[q] <= 1;
+  const bool done_prefilling = in.context_lens[q] >= in.prompt_lens[q];
+  if (!has_context) return 3;
+  if (!below) return 2;
+  return done_prefilling ? 0 : 1;
+}
+
 void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
   const auto m = prepack::vllm::make_step(in, {0, in.n_tokens() + 3});
   const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
   ASSERT_EQ(m.num_reqs, static_cast<int>(n)) << where;
   ASSERT_EQ(m.num_actual_tokens, static_cast<int>(in.n_tokens()));
-  // query_start_loc: prefix sums of num_scheduled_tokens.
+  // The batch as reorder_batch_to_split_decodes_and_prefills leaves it: decode -> short extend
+  // -> long extend -> prefill, which split_decodes_and_prefills assumes; the step's order kept
+  // within a region.
+  ASSERT_EQ(m.req_order.size(), n);
+  std::vector<bool> seen(n, false);
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::size_t q = m.req_order[r];
+    ASSERT_LT(q, n);
+    ASSERT_FALSE(seen[q]);
+    seen[q] = true;
+    if (r > 0) {
+      const std::size_t p = m.req_order[r - 1];
+      ASSERT_LE(vllm_region(in, p), vllm_region(in, q)) << where;
+      if (vllm_region(in, p) == vllm_region(in, q)) {
+        ASSERT_LT(p, q) << where;
+      }
+    }
+  }
+  // query_start_loc: prefix sums of num_scheduled_tokens, in that order.
   std::vector<int> qsl{0};
-  for (std::size_t r = 0; r < n; ++r) qsl.push_back(qsl.back() + in.query_lens[r]);
+  for (std::size_t r = 0; r < n; ++r) qsl.push_back(qsl.back() + in.query_lens[m.req_order[r]]);
   ASSERT_EQ(m.query_start_loc, qsl) << where;
   int max_q = 0, max_s = 0;
   for (std::size_t r = 0; r < n; ++r) {
-    const int computed = in.context_lens[r], scheduled = in.query_lens[r];
+    const std::size_t q = m.req_order[r];
+    const int computed = in.context_lens[q], scheduled = in.query_lens[q];
+    ASSERT_EQ(m.req_ids[r], in.seq_id[q]);
     ASSERT_EQ(m.num_computed_tokens[r], computed);
     ASSERT_EQ(m.seq_lens[r], computed + scheduled) << where;  // computed + newly scheduled
     max_q = std::max(max_q, scheduled);
     max_s = std::max(max_s, computed + scheduled);
-    // BlockTable rows: the request's blocks, then zeros.
-    const auto blocks = in.tables.blocks(r);
+    // BlockTable rows: the request's blocks, then zeros (the null block).
+    const auto blocks = in.tables.blocks(q);
     for (std::size_t k = 0; k < m.max_num_blocks_per_req; ++k) {
       ASSERT_EQ(m.block_table_tensor[r * m.max_num_blocks_per_req + k],
                 k < blocks.size() ? blocks[k] : 0)
@@ -157,28 +193,29 @@ void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
           m.block_table_tensor[r * m.max_num_blocks_per_req + static_cast<std::size_t>(pos) / bs];
       ASSERT_EQ(m.slot_mapping[static_cast<std::size_t>(i)],
                 block * static_cast<long long>(bs) + pos % static_cast<long long>(bs));
-      ASSERT_EQ(m.input_ids[static_cast<std::size_t>(i)], in.tokens[static_cast<std::size_t>(i)]);
+      ASSERT_EQ(m.input_ids[static_cast<std::size_t>(i)],
+                in.tokens[static_cast<std::size_t>(in.cu_seqlens_q[q] + (i - qsl[r]))]);
     }
     ASSERT_EQ(m.logits_indices[r], qsl[r + 1] - 1);  // query_start_loc[1:] - 1
-    // discard_request_mask: the prompt is not fully computed yet; a shared prefix that ends no
-    // prompt has nothing to sample either.
-    const bool short_of_prompt = computed + scheduled < in.prompt_lens[r];
-    ASSERT_EQ(m.discard_request_mask[r] != 0, short_of_prompt || !in.completes[r]) << where;
+    // discard_request_mask: the request's sample is not wanted (a chunk short of its prompt's
+    // end, or a shared prefix that ends no prompt).
+    ASSERT_EQ(m.discard_request_mask[r] != 0, !in.completes[q]) << where;
   }
   ASSERT_EQ(m.max_query_len, max_q);
   ASSERT_EQ(m.max_seq_len, max_s);
   for (std::size_t i = in.n_tokens(); i < m.slot_mapping.size(); ++i) {
     ASSERT_EQ(m.slot_mapping[i], -1);  // PAD_SLOT_ID
   }
-  // _compute_cascade_attn_prefix_len before its heuristics.
-  std::size_t shared = n > 0 ? in.tables.blocks(0).size() : 0;
-  int min_computed = n > 0 ? in.context_lens[0] : 0;
-  for (std::size_t r = 0; r < n; ++r) {
-    const auto a = in.tables.blocks(0), b = in.tables.blocks(r);
+  // _compute_cascade_attn_prefix_len before its heuristics: blocks every request shares.
+  const auto first = in.tables.blocks(m.req_order[0]);
+  std::size_t shared = first.size();
+  int min_computed = in.context_lens[m.req_order[0]];
+  for (std::size_t q = 0; q < n; ++q) {
+    const auto b = in.tables.blocks(q);
     std::size_t k = 0;
-    while (k < shared && k < b.size() && a[k] == b[k]) ++k;
+    while (k < shared && k < b.size() && first[k] == b[k]) ++k;
     shared = k;
-    min_computed = std::min(min_computed, in.context_lens[r]);
+    min_computed = std::min(min_computed, in.context_lens[q]);
   }
   long long prefix = static_cast<long long>(shared * bs);
   prefix = std::min<long long>(prefix, min_computed);
@@ -254,30 +291,57 @@ void expect_sglang(const prepack::step_inputs<>& in, const std::string& where) {
       prepack::sglang::make_forward_batch(in, prepack::span<const std::int64_t>(pool_rows));
   const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
   ASSERT_EQ(f.req_pool_indices, pool_rows);
+  // ScheduleBatch.mix_with_running (python/sglang/srt/managers/schedule_batch.py): the new
+  // extends, then the running decodes (merge_batch appends them); each in the step's order.
+  std::vector<std::size_t> order;
+  for (const bool decode : {false, true}) {
+    for (std::size_t q = 0; q < n; ++q) {
+      if ((in.decodes[q] != 0) == decode) order.push_back(q);
+    }
+  }
+  ASSERT_EQ(f.seq_order, order) << where;
+  // ForwardBatch.init_new fills the extend_* fields for EXTEND and MIXED only.
+  const bool extend = f.mode != prepack::sglang::forward_mode::decode;
+  ASSERT_EQ(f.extend_seq_lens.has_value(), extend);
+  ASSERT_EQ(f.extend_prefix_lens.has_value(), extend);
+  ASSERT_EQ(f.extend_start_loc.has_value(), extend);
+  ASSERT_EQ(f.extend_num_tokens.has_value(), extend);
   std::vector<std::int32_t> start{0};
-  std::vector<std::int64_t> positions;
+  std::vector<std::int64_t> positions, ids;
   for (std::size_t r = 0; r < n; ++r) {
-    const int prefix = f.extend_prefix_lens[r], extend = f.extend_seq_lens[r];
-    ASSERT_EQ(prefix, in.context_lens[r]);
-    ASSERT_EQ(extend, in.query_lens[r]);
-    ASSERT_EQ(f.seq_lens[r], prefix + extend);
-    if (r + 1 < n) start.push_back(start.back() + extend);  // zeros_like; [1:] = cumsum([:-1])
-    for (int p = prefix; p < prefix + extend; ++p) positions.push_back(p);  // arange
+    const std::size_t q = order[r];
+    const int prefix = in.context_lens[q], len = in.query_lens[q];
+    if (extend) {
+      ASSERT_EQ((*f.extend_prefix_lens)[r], prefix);
+      ASSERT_EQ((*f.extend_seq_lens)[r], len);
+      if (r + 1 < n) start.push_back(start.back() + len);  // zeros_like; [1:] = cumsum([:-1])
+    }
+    ASSERT_EQ(f.seq_lens[r], prefix + len);
+    ASSERT_EQ(f.rids[r], in.seq_id[q]);
+    for (int p = prefix; p < prefix + len; ++p) positions.push_back(p);  // arange
+    for (int t = in.cu_seqlens_q[q]; t < in.cu_seqlens_q[q + 1]; ++t) {
+      ids.push_back(in.tokens[static_cast<std::size_t>(t)]);
+    }
     // req_to_token[row][p]: the location of position p (token granular; page*size + offset).
-    const auto blocks = in.tables.blocks(r);
-    for (int p = 0; p < prefix + extend; ++p) {
+    const auto blocks = in.tables.blocks(q);
+    for (int p = 0; p < prefix + len; ++p) {
       const std::size_t pp = static_cast<std::size_t>(p);
       ASSERT_EQ(f.req_to_token[r * f.req_to_token_width + pp],
                 blocks[pp / bs] * static_cast<int>(bs) + static_cast<int>(pp % bs))
           << where;
     }
   }
-  ASSERT_EQ(f.extend_start_loc, start) << where;
+  if (extend) {
+    ASSERT_EQ(*f.extend_start_loc, start) << where;
+    ASSERT_EQ(*f.extend_num_tokens, static_cast<std::int64_t>(in.n_tokens()));
+  }
   ASSERT_EQ(f.positions, positions) << where;
+  ASSERT_EQ(f.input_ids, ids) << where;
   // out_cache_loc: what the step writes into req_to_token[req, prefix : seq_len].
   std::size_t t = 0;
   for (std::size_t r = 0; r < n; ++r) {
-    for (int i = 0; i < f.extend_seq_lens[r]; ++i, ++t) {
+    const int len = in.query_lens[order[r]];
+    for (int i = 0; i < len; ++i, ++t) {
       ASSERT_EQ(
           f.out_cache_loc[t],
           f.req_to_token[r * f.req_to_token_width + static_cast<std::size_t>(f.positions[t])]);
@@ -375,6 +439,68 @@ TEST(Engines, EveryFormMatchesItsEnginesDefinitionOnRandomSteps) {
   EXPECT_GT(cascades, 10);  // suffix steps of shared prefixes give cascade levels
 }
 
+// vLLM's batch order on a step holding all four regions in reverse.
+TEST(Engines, VllmOrdersDecodesFirstAsItsBackendsSplitThem) {
+  std::vector<std::vector<std::int32_t>> rows{{1, 2}, {3, 4}, {5, 6, 7}, {8, 9, 10}};
+  prepack::step_builder<> b(4, 16, [](std::size_t q) { return "seq " + std::to_string(q); });
+  const std::vector<int> three{1, 2, 3}, one{4};
+  // prefill (nothing cached), long extend, short extend (still prefilling), decode.
+  b.add(0, 10, 0, prepack::span<const int>(three), prepack::span<const std::int32_t>(rows[0]), true,
+        false, 3);
+  b.add(1, 11, 4, prepack::span<const int>(three), prepack::span<const std::int32_t>(rows[1]),
+        false, false, 9);
+  b.add(2, 12, 8, prepack::span<const int>(one), prepack::span<const std::int32_t>(rows[2]), false,
+        false, 12);
+  b.add(3, 13, 9, prepack::span<const int>(one), prepack::span<const std::int32_t>(rows[3]), true,
+        true, 5);
+  const auto in = std::move(b).finish();
+  const auto m = prepack::vllm::make_step(in);
+  EXPECT_EQ(m.req_order, (std::vector<std::size_t>{3, 2, 1, 0}));
+  EXPECT_EQ(m.query_start_loc, (std::vector<std::int32_t>{0, 1, 2, 5, 8}));
+  EXPECT_EQ(m.req_ids, (std::vector<std::int64_t>{13, 12, 11, 10}));
+  expect_vllm(in, "regions");
+  const auto f = prepack::sglang::make_forward_batch(in);
+  EXPECT_EQ(f.seq_order, (std::vector<std::size_t>{0, 1, 2, 3}));  // extends, then the decode
+  EXPECT_EQ(f.mode, prepack::sglang::forward_mode::mixed);
+}
+
+// What the engines would fail on is refused: an empty step (vLLM's _prepare_inputs asserts
+// num_reqs > 0; llama_decode returns -1 on an empty batch) and block 0 (vLLM's null block:
+// vllm/v1/core/block_pool.py, BlockPool.null_block; SGLang's allocators hand out from 1).
+TEST(Engines, EmptyStepsAndTheNullBlockAreRefused) {
+  const auto empty =
+      std::move(prepack::step_builder<>(4, 8, [](std::size_t) { return ""; })).finish();
+  EXPECT_PREPACK_ERROR(prepack::vllm::make_step(empty), "vllm: a step with no requests");
+  EXPECT_PREPACK_ERROR(prepack::sglang::make_forward_batch(empty),
+                       "sglang: a step with no requests");
+  prepack::step_schedule hollow;
+  hollow.budget = 4;
+  hollow.step_begin = {0, 0};
+  EXPECT_PREPACK_ERROR(prepack::llama_cpp::make_batch(hollow, 0, std::vector<std::vector<int>>{},
+                                                      prepack::span<const std::int64_t>()),
+                       "llama.cpp: step 0 has no tokens");
+  const auto sched = prepack::budgeted_schedule(std::vector<int>{5}, {8});
+  const auto toks = test::tagged_prompts({5}, 100);
+  const auto with_zero =
+      prepack::make_step_inputs(sched, 0, toks, prepack::make_block_tables({{3, 0}}, 4), 8);
+  EXPECT_PREPACK_ERROR(prepack::vllm::make_step(with_zero),
+                       "vllm: request 0: block_table[1] = 0, vLLM's null block");
+  EXPECT_PREPACK_ERROR(prepack::sglang::make_forward_batch(with_zero),
+                       "sglang: request 0: block_table[1] = 0 holds location 0");
+  // The allocators that keep it.
+  prepack::block_allocator alloc(3, true);
+  EXPECT_EQ(alloc.n_free(), 2u);
+  EXPECT_EQ(alloc.allocate(2), (std::vector<std::int32_t>{1, 2}));
+  EXPECT_PREPACK_ERROR(alloc.allocate(1), "1 blocks wanted, 0 of 3 free");
+  EXPECT_PREPACK_ERROR(alloc.release(0), "block 0 is the null block");
+  prepack::block_pool pool(3, 4, true, true);
+  EXPECT_EQ(pool.usable(), 2u);
+  EXPECT_EQ(pool.allocate(), std::optional<std::int32_t>(1));
+  EXPECT_EQ(pool.allocate(), std::optional<std::int32_t>(2));
+  EXPECT_FALSE(pool.allocate().has_value());
+  EXPECT_PREPACK_ERROR(pool.acquire(0), "block pool: block 0 is the null block");
+}
+
 TEST(Engines, DecodeStepsInEveryForm) {
   const std::size_t bs = 4;
   std::vector<std::vector<std::int32_t>> rows{{5, 9}, {2}, {7, 1, 3}};
@@ -415,12 +541,12 @@ TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
   // TensorRT-LLM: a context chunk short of its prompt's end that is not whole blocks.
   const auto sched = prepack::budgeted_schedule(std::vector<int>{10}, {7, prepack::chunking::fill});
   const auto toks = test::tagged_prompts({10}, 100);
-  const auto tables = prepack::make_block_tables({{0, 1, 2}}, 4);
-  const auto first = prepack::make_step_inputs(sched, 0, toks, tables, 4);
+  const auto tables = prepack::make_block_tables({{1, 2, 3}}, 4);
+  const auto first = prepack::make_step_inputs(sched, 0, toks, tables, 5);
   EXPECT_PREPACK_ERROR(prepack::trtllm::make_step(first),
                        "request 0: context chunk of 7 tokens is not a whole number of blocks of 4");
   // A prompt's last chunk may be any length and start anywhere.
-  const auto second = prepack::make_step_inputs(sched, 1, toks, tables, 4);
+  const auto second = prepack::make_step_inputs(sched, 1, toks, tables, 5);
   EXPECT_NO_THROW(prepack::trtllm::make_step(second));
   // A chunk need not start at a block boundary (MicroBatchScheduler::setCtxRequestsChunkSize
   // sizes chunks, not starts: after a partial prefix reuse a request resumes mid-block); only
@@ -443,7 +569,7 @@ TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
       std::vector<int>{10}, {7, prepack::chunking::fill, prepack::schedule_order::arrival, 4});
   for (std::size_t s = 0; s < aligned.n_steps(); ++s) {
     EXPECT_NO_THROW(
-        prepack::trtllm::make_step(prepack::make_step_inputs(aligned, s, toks, tables, 4)));
+        prepack::trtllm::make_step(prepack::make_step_inputs(aligned, s, toks, tables, 5)));
   }
   // Widths below what a step needs.
   EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {1, 0}), "max_num_blocks_per_req 1");
@@ -488,11 +614,13 @@ struct llama_memory {
     }
     for (const auto& [s, v] : by_seq) cells[s].insert(v.begin(), v.end());
   }
+  // llama_kv_cache::seq_cp across KV streams (kv_unified = false, llama.cpp's default): only a
+  // whole-sequence copy (p0 and p1 negative, or covering the buffer) is allowed, and it makes
+  // dst's stream a copy of src's (GGML_ASSERT(is_full && "seq_cp() is only supported for full
+  // KV buffers")); partial ranges abort there.
   void seq_cp(const prepack::llama_cpp::seq_copy& c) {
-    const std::set<int> src = cells[c.src];
-    for (int p : src) {
-      if (p >= c.p0 && p < c.p1) cells[c.dst].insert(p);
-    }
+    ASSERT_TRUE(c.p0 < 0 && c.p1 < 0) << "a partial copy aborts llama.cpp's default context";
+    cells[c.dst] = cells[c.src];
   }
 };
 

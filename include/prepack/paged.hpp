@@ -41,16 +41,26 @@ constexpr std::size_t blocks_for(std::size_t positions, std::size_t block_size) 
 /// blocks is as cheap to create as one of 10.
 class block_allocator {
  public:
-  /// Throws prepack::error, allocating nothing, for no blocks or more than int32 ids can name.
-  explicit block_allocator(std::size_t n_blocks) : n_blocks_(n_blocks) {
-    detail::require(n_blocks > 0, "block allocator: the pool has no blocks");
+  /// With null_block, block 0 is never handed out: vLLM keeps it as its null block (padding
+  /// rows of block tables point there) and SGLang's allocators start at 1 (padded tokens write
+  /// location 0), so a real sequence's cache must not live there. Throws prepack::error,
+  /// allocating nothing, for no blocks (none but the null block), or more than int32 ids name.
+  explicit block_allocator(std::size_t n_blocks, bool null_block = false)
+      : n_blocks_(n_blocks), null_block_(null_block) {
+    detail::require(n_blocks > (null_block ? 1u : 0u), "block allocator: the pool has no blocks",
+                    null_block ? " besides the null block" : "");
     detail::require(n_blocks <= static_cast<std::size_t>(INT32_MAX), "block allocator: ", n_blocks,
                     " blocks do not fit int32 block ids");
+    if (null_block) refs_.push_back(1);  // held for good
   }
+
+  /// Whether block 0 is reserved as the engine's null block.
+  bool null_block() const noexcept { return null_block_; }
 
   std::size_t n_blocks() const noexcept { return n_blocks_; }
   std::size_t n_free() const noexcept { return n_blocks_ - refs_.size() + released_.size(); }
-  std::size_t n_used() const noexcept { return n_blocks_ - n_free(); }
+  /// Blocks held (the null block not counted).
+  std::size_t n_used() const noexcept { return n_blocks_ - n_free() - (null_block_ ? 1 : 0); }
   /// Holders of block b (0: free). Throws prepack::error for a block outside the pool.
   std::size_t refs(std::int32_t b) const {
     const std::size_t i = checked(b);
@@ -100,9 +110,11 @@ class block_allocator {
     if (b < 0 || static_cast<std::size_t>(b) >= n_blocks_) {
       detail::fail("block allocator: block ", b, " outside 0..", n_blocks_ - 1);
     }
+    if (b == 0 && null_block_) detail::fail("block allocator: block 0 is the null block");
     return static_cast<std::size_t>(b);
   }
   std::size_t n_blocks_ = 0;
+  bool null_block_ = false;
   std::vector<std::size_t> refs_;  // [blocks handed out so far]  holders of each
   std::priority_queue<std::int32_t, std::vector<std::int32_t>, std::greater<>>
       released_;  // free blocks below refs_.size(), the lowest on top

@@ -79,17 +79,27 @@ PREPACK_NAMESPACE_BEGIN
 /// block without its prefix can.
 class block_pool {
  public:
-  /// Throws prepack::error for no blocks, a block size of 0, or more blocks than int32 ids.
-  block_pool(std::size_t n_blocks, std::size_t block_size, bool caching)
-      : n_blocks_(n_blocks), block_size_(block_size), caching_(caching) {
-    detail::require(n_blocks > 0, "block pool: no blocks");
+  /// With null_block, block 0 is never handed out (vLLM's null block, SGLang's padding
+  /// location: see block_allocator). Throws prepack::error for no blocks (none but the null
+  /// block), a block size of 0, or more blocks than int32 ids.
+  block_pool(std::size_t n_blocks, std::size_t block_size, bool caching, bool null_block = false)
+      : n_blocks_(n_blocks), block_size_(block_size), caching_(caching), null_block_(null_block) {
+    detail::require(n_blocks > (null_block ? 1u : 0u), "block pool: no blocks",
+                    null_block ? " besides the null block" : "");
     detail::require(block_size > 0, "block pool: block size 0");
     detail::narrow<std::int32_t>(n_blocks, "block pool size");
+    if (null_block) {  // block 0: handed out to nobody, ever
+      fresh_ = 1;
+      ref_.push_back(0);
+    }
   }
 
   std::size_t n_blocks() const noexcept { return n_blocks_; }
   std::size_t block_size() const noexcept { return block_size_; }
   bool caching() const noexcept { return caching_; }
+  bool null_block() const noexcept { return null_block_; }
+  /// Blocks requests can ever hold: every block but the null block.
+  std::size_t usable() const noexcept { return n_blocks_ - (null_block_ ? 1 : 0); }
   /// Blocks that hold nothing.
   std::size_t free() const noexcept { return n_blocks_ - fresh_ + released_.size(); }
   /// Blocks held in the cache only (unreferenced): each can be reclaimed by allocate().
@@ -228,6 +238,7 @@ class block_pool {
   void check_id(std::int32_t b) const {
     detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks_, "block pool: block ", b,
                     " outside the pool of ", n_blocks_);
+    detail::require(b != 0 || !null_block_, "block pool: block 0 is the null block");
   }
 
   // The set an idle cached block is in: leaves_ when no cached block follows it, else inner_.
@@ -278,7 +289,7 @@ class block_pool {
   }
 
   std::size_t n_blocks_, block_size_;
-  bool caching_;
+  bool caching_, null_block_;
   std::size_t fresh_ = 0;            // blocks [0, fresh_) have been handed out at least once
   std::set<std::int32_t> released_;  // free blocks below fresh_
   std::vector<std::uint32_t> ref_;   // [fresh_]
@@ -301,6 +312,9 @@ struct scheduler_options {
   admission policy = admission::fcfs;
   bool prefix_cache = true;
   std::size_t max_wait_steps = 64;  // packed, shortest_first: waited this long, admitted first
+  /// Block 0 is never handed out: the engine's null block (vLLM: padding rows of block tables
+  /// point there; SGLang: padded tokens write location 0). Set it for those engines' forms.
+  bool null_block = false;
   /// Every prefill chunk but a request's last is a whole number of blocks (TensorRT-LLM's
   /// chunked context: non-final chunk sizes a multiple of tokens_per_block); a chunk that would
   /// round down to nothing waits for a step with room. Needs block_size <= token_budget.
@@ -351,7 +365,7 @@ class scheduler {
   /// Throws prepack::error for a budget, cap, pool or block size of 0, or aligned chunks with
   /// a block larger than the budget.
   explicit scheduler(const scheduler_options& opt)
-      : opt_(opt), pool_(opt.n_blocks, opt.block_size, opt.prefix_cache) {
+      : opt_(opt), pool_(opt.n_blocks, opt.block_size, opt.prefix_cache, opt.null_block) {
     detail::require(opt.token_budget > 0, "scheduler: token budget 0");
     detail::require(opt.max_seqs > 0, "scheduler: max_seqs 0");
     detail::require(!opt.aligned_chunks || opt.block_size <= opt.token_budget,
@@ -370,9 +384,9 @@ class scheduler {
     const std::size_t positions =
         detail::add(r.prompt.size(), r.max_new_tokens - 1, "request positions");
     const std::size_t need = blocks_for(positions, opt_.block_size);
-    detail::require(need <= opt_.n_blocks, name, ": ", r.prompt.size(), " prompt tokens + ",
+    detail::require(need <= pool_.usable(), name, ": ", r.prompt.size(), " prompt tokens + ",
                     r.max_new_tokens, " new need ", need, " blocks of ", opt_.block_size,
-                    ", the pool has ", opt_.n_blocks);
+                    ", the pool has ", pool_.usable());
     live& q = live_[r.id];
     q.tokens = r.prompt;
     q.r = std::move(r);

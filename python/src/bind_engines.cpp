@@ -4,6 +4,7 @@
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,8 @@ void bind_engines(nb::module_& m) {
         o.num_tokens_padded = num_tokens_padded;
         auto s = prepack::vllm::make_step(b.in, o);
         nb::dict d;
+        d["req_order"] =
+            to_numpy(std::vector<std::int64_t>(s.req_order.begin(), s.req_order.end()));
         d["num_reqs"] = s.num_reqs;
         d["num_actual_tokens"] = s.num_actual_tokens;
         d["max_query_len"] = s.max_query_len;
@@ -75,7 +78,9 @@ void bind_engines(nb::module_& m) {
         return d;
       },
       "inputs"_a, "max_num_blocks_per_req"_a = 0, "num_tokens_padded"_a = 0,
-      "The step as vLLM v1's model runner builds it: num_reqs, num_actual_tokens, "
+      "The step as vLLM v1's model runner builds it, requests in vLLM's batch order (decodes, "
+      "short extends, long extends, prefills): req_order [num_reqs] int64 (the step's "
+      "sequence at each position); num_reqs, num_actual_tokens, "
       "max_query_len, max_seq_len, block_size, common_prefix_len (ints); req_ids [num_reqs] "
       "int64; query_start_loc [num_reqs + 1], seq_lens, num_computed_tokens, logits_indices "
       "[num_reqs] int32; block_table_tensor [num_reqs, max_num_blocks_per_req] int32 (0 past a "
@@ -123,6 +128,8 @@ void bind_engines(nb::module_& m) {
         d["forward_mode"] = f.mode == prepack::sglang::forward_mode::extend   ? "EXTEND"
                             : f.mode == prepack::sglang::forward_mode::decode ? "DECODE"
                                                                               : "MIXED";
+        d["seq_order"] =
+            to_numpy(std::vector<std::int64_t>(f.seq_order.begin(), f.seq_order.end()));
         d["batch_size"] = f.batch_size;
         d["rids"] = to_numpy(std::move(f.rids));
         d["input_ids"] = to_numpy(std::move(f.input_ids));
@@ -131,20 +138,26 @@ void bind_engines(nb::module_& m) {
         d["seq_lens_sum"] = f.seq_lens_sum;
         d["out_cache_loc"] = to_numpy(std::move(f.out_cache_loc));
         d["positions"] = to_numpy(std::move(f.positions));
-        d["extend_num_tokens"] = f.extend_num_tokens;
-        d["extend_prefix_lens"] = to_numpy(std::move(f.extend_prefix_lens));
-        d["extend_seq_lens"] = to_numpy(std::move(f.extend_seq_lens));
-        d["extend_start_loc"] = to_numpy(std::move(f.extend_start_loc));
+        // None in DECODE mode, as ForwardBatch.init_new leaves them.
+        const auto opt = [](std::optional<std::vector<std::int32_t>>& v) -> nb::object {
+          return v ? nb::cast(to_numpy(std::move(*v))) : nb::none();
+        };
+        d["extend_num_tokens"] = f.extend_num_tokens ? nb::cast(*f.extend_num_tokens) : nb::none();
+        d["extend_prefix_lens"] = opt(f.extend_prefix_lens);
+        d["extend_seq_lens"] = opt(f.extend_seq_lens);
+        d["extend_start_loc"] = opt(f.extend_start_loc);
         d["req_to_token"] =
             to_numpy(std::move(f.req_to_token),
                      {static_cast<std::size_t>(f.batch_size), f.req_to_token_width});
         return d;
       },
       "inputs"_a, "req_pool_indices"_a = nb::none(), "req_to_token_width"_a = 0,
-      "The step as SGLang's ForwardBatch holds it: forward_mode ('EXTEND', 'DECODE', "
-      "'MIXED'), batch_size, seq_lens_sum, extend_num_tokens; rids, input_ids, "
+      "The step as SGLang's ForwardBatch holds it, extends before decodes: seq_order [bs] int64 "
+      "(the step's sequence at each position); forward_mode ('EXTEND', 'DECODE', "
+      "'MIXED'), batch_size, seq_lens_sum, extend_num_tokens (None in DECODE); rids, input_ids, "
       "req_pool_indices, seq_lens, out_cache_loc, positions int64; extend_prefix_lens, "
-      "extend_seq_lens, extend_start_loc [bs] int32; req_to_token [bs, width] int32.");
+      "extend_seq_lens, extend_start_loc [bs] int32 (None in DECODE); req_to_token [bs, width] "
+      "int32.");
 
   nb::module_ tr =
       m.def_submodule("trtllm", "TensorRT-LLM's form of a step (prepack/engines/trtllm.hpp).");

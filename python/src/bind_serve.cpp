@@ -41,8 +41,12 @@ void bind_serve(nb::module_& m) {
       "A serving pool's blocks: reference counts, lowest free block first, and (with caching) "
       "full blocks kept after their last reference as a content-keyed prefix cache, evicted "
       "least recently used (prepack::block_pool).")
-      .def(nb::init<std::size_t, std::size_t, bool>(), "n_blocks"_a, "block_size"_a,
-           "caching"_a = true)
+      .def(nb::init<std::size_t, std::size_t, bool, bool>(), "n_blocks"_a, "block_size"_a,
+           "caching"_a = true, "null_block"_a = false,
+           "null_block: block 0 is never handed out (vLLM's null block, SGLang's padding "
+           "location).")
+      .def_prop_ro("null_block", &block_pool::null_block)
+      .def_prop_ro("usable", &block_pool::usable, "Every block but the null block.")
       .def_prop_ro("n_blocks", &block_pool::n_blocks)
       .def_prop_ro("block_size", &block_pool::block_size)
       .def_prop_ro("caching", &block_pool::caching)
@@ -128,7 +132,7 @@ void bind_serve(nb::module_& m) {
           "__init__",
           [](scheduler* self, std::size_t token_budget, std::size_t max_seqs, std::size_t n_blocks,
              std::size_t block_size, std::size_t reserve_blocks, const std::string& policy,
-             bool prefix_cache, std::size_t max_wait_steps, bool aligned_chunks) {
+             bool prefix_cache, std::size_t max_wait_steps, bool aligned_chunks, bool null_block) {
             prepack::scheduler_options o;
             o.token_budget = token_budget;
             o.max_seqs = max_seqs;
@@ -143,15 +147,18 @@ void bind_serve(nb::module_& m) {
             o.prefix_cache = prefix_cache;
             o.max_wait_steps = max_wait_steps;
             o.aligned_chunks = aligned_chunks;
+            o.null_block = null_block;
             new (self) scheduler(o);
           },
           "token_budget"_a = 512, "max_seqs"_a = 256, "n_blocks"_a, "block_size"_a = 16,
           "reserve_blocks"_a = 0, "policy"_a = "fcfs", "prefix_cache"_a = true,
-          "max_wait_steps"_a = 64, "aligned_chunks"_a = false,
+          "max_wait_steps"_a = 64, "aligned_chunks"_a = false, "null_block"_a = false,
           "policy: 'fcfs' (vLLM's), 'packed' (whole prompts first-fit-decreasing into the room "
           "left) or 'shortest_first'; aligned_chunks: every prefill chunk but a request's last "
-          "whole blocks (TensorRT-LLM's chunked context). ValueError for a budget, cap, pool or "
-          "block size of 0, or aligned chunks with a block above the budget.")
+          "whole blocks (TensorRT-LLM's chunked context); null_block: block 0 never handed out "
+          "(vLLM's null block, SGLang's padding location: set it for those engines' forms). "
+          "ValueError for a budget, cap, pool or block size of 0, or aligned chunks with a "
+          "block above the budget.")
       .def(
           "add",
           [](scheduler& s, std::int64_t id, array_like prompt, std::size_t max_new_tokens,

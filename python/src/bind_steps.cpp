@@ -364,7 +364,10 @@ void bind_steps(nb::module_& m) {
       m, "BlockAllocator",
       "Blocks 0 .. n_blocks - 1 of a pool, handed out lowest first, reference counted "
       "(prepack::block_allocator). O(log blocks) per block.")
-      .def(nb::init<std::size_t>(), "n_blocks"_a)
+      .def(nb::init<std::size_t, bool>(), "n_blocks"_a, "null_block"_a = false,
+           "null_block: block 0 is never handed out (vLLM's null block, SGLang's padding "
+           "location); set it for those engines' forms.")
+      .def_prop_ro("null_block", &prepack::block_allocator::null_block)
       .def_prop_ro("n_blocks", &prepack::block_allocator::n_blocks)
       .def_prop_ro("n_free", &prepack::block_allocator::n_free)
       .def_prop_ro("n_used", &prepack::block_allocator::n_used)

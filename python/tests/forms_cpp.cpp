@@ -87,7 +87,8 @@ json step_json(const prepack::step_inputs<std::int32_t, std::int32_t>& in, std::
   s["logits"] = arr(in.logits);
   s["slot_mapping"] = arr(in.slot_mapping);
   const auto v = prepack::vllm::make_step(in);
-  s["vllm"] = {{"query_start_loc", arr(v.query_start_loc)},
+  s["vllm"] = {{"req_order", arr(v.req_order)},
+               {"query_start_loc", arr(v.query_start_loc)},
                {"seq_lens", arr(v.seq_lens)},
                {"num_computed_tokens", arr(v.num_computed_tokens)},
                {"block_table_tensor", arr(v.block_table_tensor)},
@@ -109,9 +110,10 @@ json step_json(const prepack::step_inputs<std::int32_t, std::int32_t>& in, std::
   s["sglang"] = {{"seq_lens", arr(g.seq_lens)},
                  {"out_cache_loc", arr(g.out_cache_loc)},
                  {"positions", arr(g.positions)},
-                 {"extend_prefix_lens", arr(g.extend_prefix_lens)},
-                 {"extend_seq_lens", arr(g.extend_seq_lens)},
-                 {"extend_start_loc", arr(g.extend_start_loc)},
+                 {"extend_prefix_lens", g.extend_prefix_lens ? arr(*g.extend_prefix_lens) : json()},
+                 {"extend_seq_lens", g.extend_seq_lens ? arr(*g.extend_seq_lens) : json()},
+                 {"extend_start_loc", g.extend_start_loc ? arr(*g.extend_start_loc) : json()},
+                 {"seq_order", arr(g.seq_order)},
                  {"req_to_token", arr(g.req_to_token)}};
   try {
     prepack::trtllm::options o;
@@ -140,7 +142,7 @@ json steps_json(const json& in) {
   const auto bs = in.at("block_size").get<std::size_t>();
   const auto n_blocks = in.at("n_blocks").get<std::size_t>();
   const auto layers = in.value("num_layers", std::size_t{1});
-  prepack::block_allocator alloc(n_blocks);
+  prepack::block_allocator alloc(n_blocks, true);  // block 0: vLLM's null block
   prepack::step_schedule sched;
   std::vector<std::vector<std::int32_t>> item_tokens;
   prepack::block_tables tables;
@@ -197,6 +199,7 @@ json serve_json(const json& in) {
                                            : prepack::admission::fcfs;
   so.prefix_cache = o.at("prefix_cache").get<bool>();
   so.aligned_chunks = o.value("aligned_chunks", false);
+  so.null_block = true;
   prepack::scheduler sched(so);
   for (const auto& r : in.at("requests")) {
     prepack::request q;

@@ -9,6 +9,7 @@ from conftest import equal, random_prompts
 
 
 def whole_prompt_tables(prompts, block_size, alloc):
+    """Each prompt's blocks from `alloc` (a BlockAllocator keeping block 0: vLLM's null block)."""
     return prepack.BlockTables.from_lists(
         [alloc.allocate(-(-len(p) // block_size)).tolist() for p in prompts], block_size)
 
@@ -42,16 +43,24 @@ def check_engine_definitions(s):
     n = s.n_seqs
     blocks = [row[row >= 0] for row in s.block_table]
     v = prepack.vllm.make_step(s)
-    assert v["query_start_loc"].dtype == np.int32 and v["query_start_loc"].tolist() == s.cu_seqlens_q.tolist()
-    assert v["seq_lens"].tolist() == s.seq_lens.tolist()
-    assert v["logits_indices"].tolist() == (s.cu_seqlens_q[1:] - 1).tolist()
+    order = v["req_order"]
+    # vLLM's regions (reorder_batch_to_split_decodes_and_prefills): decode, short extend, long
+    # extend, prefill; non-decreasing along the batch.
+    region = np.where(s.context_lens == 0, 3, np.where(s.query_lens > 1, 2,
+                                                      np.where(s.context_lens >= s.prompt_lens, 0, 1)))
+    assert sorted(order.tolist()) == list(range(n)) and (np.diff(region[order]) >= 0).all()
+    q = s.query_lens[order]
+    assert v["query_start_loc"].dtype == np.int32
+    assert v["query_start_loc"].tolist() == [0] + np.cumsum(q).tolist()
+    assert v["seq_lens"].tolist() == s.seq_lens[order].tolist()
+    assert v["logits_indices"].tolist() == (v["query_start_loc"][1:] - 1).tolist()
     assert v["slot_mapping"].dtype == np.int64 and v["positions"].dtype == np.int64
     assert v["discard_request_mask"].dtype == np.bool_
-    assert v["discard_request_mask"].tolist() == (s.completes == 0).tolist()
+    assert v["discard_request_mask"].tolist() == (s.completes[order] == 0).tolist()
     width = v["block_table_tensor"].shape[1]
-    for r in range(n):
+    for r, seq in enumerate(order):
         want = np.zeros(width, np.int32)
-        want[:len(blocks[r])] = blocks[r]
+        want[:len(blocks[seq])] = blocks[seq]
         assert v["block_table_tensor"][r].tolist() == want.tolist()
     f = prepack.flashinfer.make_step(s)
     pages = [-(-int(L) // bs) for L in s.seq_lens]
@@ -61,11 +70,17 @@ def check_engine_definitions(s):
     assert f["positions"].tolist() == s.positions.tolist()
     assert f["batch_indices"].tolist() == np.repeat(np.arange(n), s.query_lens).tolist()
     g = prepack.sglang.make_forward_batch(s)
-    assert g["out_cache_loc"].tolist() == s.slot_mapping.tolist()
-    assert g["extend_start_loc"].tolist() == s.cu_seqlens_q[:-1].tolist()
-    for r in range(n):
-        p = np.arange(s.seq_lens[r])
-        assert g["req_to_token"][r, :len(p)].tolist() == (blocks[r][p // bs].astype(np.int64) * bs + p % bs).tolist()
+    order = g["seq_order"]  # extends, then decodes (mix_with_running)
+    assert order.tolist() == [q for q in range(n) if not s.decodes[q]] + [q for q in range(n) if s.decodes[q]]
+    assert g["out_cache_loc"].tolist() == [int(x) for seq in order for x in
+                                           s.slot_mapping[s.cu_seqlens_q[seq]:s.cu_seqlens_q[seq + 1]]]
+    if g["forward_mode"] != "DECODE":
+        assert g["extend_start_loc"].tolist() == [0] + np.cumsum(s.query_lens[order])[:-1].tolist()
+    else:
+        assert g["extend_start_loc"] is None and g["extend_seq_lens"] is None
+    for r, seq in enumerate(order):
+        p = np.arange(s.seq_lens[seq])
+        assert g["req_to_token"][r, :len(p)].tolist() == (blocks[seq][p // bs].astype(np.int64) * bs + p % bs).tolist()
 
 
 @pytest.mark.parametrize("policy", ["whole_first", "fill"])
@@ -99,7 +114,7 @@ def test_steps_and_engine_forms_by_definition_and_as_the_cpp_api(cpp, prefix):
                 "block_size": block_size, "n_blocks": n_blocks, "prefix": prefix,
                 "num_layers": 3, "chunk_block_size": block_size}
     c = cpp(scenario)
-    alloc = prepack.BlockAllocator(n_blocks)
+    alloc = prepack.BlockAllocator(n_blocks, null_block=True)  # block 0: vLLM's null block
     if prefix:
         plan = prepack.prefix_plan(prompts, block_size=block_size)
         assert plan.n_prefixes >= 1 and plan.tokens_computed < plan.useful_tokens
@@ -150,7 +165,7 @@ def test_steps_and_engine_forms_by_definition_and_as_the_cpp_api(cpp, prefix):
 
 
 def test_decode_inputs_and_step_layout():
-    alloc = prepack.BlockAllocator(64)
+    alloc = prepack.BlockAllocator(64, null_block=True)
     tables = prepack.BlockTables.from_lists([alloc.allocate(2).tolist(), alloc.allocate(1).tolist()], 4)
     d = prepack.decode_inputs([7, 9], [11, 12], [5, 2], tables, 64, prompt_lens=[5, 2])
     assert d.decodes.tolist() == [1, 1] and d.positions.tolist() == [5, 2]
@@ -173,7 +188,7 @@ def test_decode_inputs_and_step_layout():
 
 def test_bad_steps_raise_with_the_cpp_message():
     sched = prepack.budgeted_schedule([10, 3], budget=8)
-    t = prepack.BlockTables.from_lists([[0, 1, 2], [3]], 4)
+    t = prepack.BlockTables.from_lists([[1, 2, 3], [4]], 4)
     items = [list(range(10)), [1, 2, 3]]
     cases = [
         (lambda: prepack.budgeted_schedule([3, 0], budget=8), "prompt 1: length 0"),
@@ -182,12 +197,14 @@ def test_bad_steps_raise_with_the_cpp_message():
         (lambda: prepack.budgeted_schedule([3], policy="greedy"), "policy: 'greedy', expected one of"),
         (lambda: prepack.step_inputs(sched, 9, items, t, 8), "step 9 outside the schedule's"),
         (lambda: prepack.step_inputs(sched, 0, [list(range(9)), [1, 2, 3]], t, 8), "prompt 0: 9 tokens, the schedule says 10"),
-        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[0, 1, 9], [3]], 4), 8),
+        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[1, 2, 9], [4]], 4), 8),
          "prompt 0: block_table[2] = 9 outside the pool's blocks 0..7"),
-        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[0, 1, 2], [2]], 4), 8),
-         "block 2 is also written by prompt"),
-        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[0, 1], [3]], 4), 8),
+        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[1, 2, 3], [3]], 4), 8),
+         "block 3 is also written by prompt"),
+        (lambda: prepack.step_inputs(sched, 1, items, prepack.BlockTables.from_lists([[1, 2], [4]], 4), 8),
          "prompt 0: positions up to 10 need 3 blocks of 4, its block table has 2 entries"),
+        (lambda: prepack.vllm.make_step(prepack.step_inputs(sched, 0, items, prepack.BlockTables.from_lists([[0, 1, 2], [4]], 4), 8)),
+         "vllm: request 0: block_table[0] = 0, vLLM's null block"),
         (lambda: prepack.step_inputs(sched, 0, items, t, 8, seq_ids=[1]), "sequence ids: 1 for 2 items"),
         (lambda: prepack.BlockTables.from_lists([[0, -2]], 4), "sequence 0: block 1 is -2"),
         (lambda: prepack.BlockAllocator(4).allocate(5), "block allocator: 5 blocks wanted, 4 of 4 free"),

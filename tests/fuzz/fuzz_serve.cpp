@@ -209,14 +209,15 @@ void fuzz_scheduler(bytes& in) {
   o.prefix_cache = in.next() % 2 == 0;
   o.max_wait_steps = in.next() % 6;
   o.aligned_chunks = in.next() % 3 == 0 && o.block_size <= o.token_budget;
+  o.null_block = in.next() % 2 == 0 && o.n_blocks > 1;
   prepack::scheduler s(o);
   std::set<std::int64_t> live;
   std::int64_t next_id = 0;
   std::optional<prepack::scheduled_step> pending;
   const auto conserved = [&] {
     const auto& pool = s.blocks();
-    CHECK(pool.available() <= pool.n_blocks());
-    CHECK(pool.free() + pool.cached_unreferenced() <= pool.n_blocks());
+    CHECK(pool.available() <= pool.usable());
+    CHECK(pool.free() + pool.cached_unreferenced() <= pool.usable());
   };
   const auto run = [&](const prepack::scheduled_step& st, bool wrong) {
     std::vector<std::int32_t> sampled(st.n_samples + (wrong ? 1 : 0), 1);
@@ -242,8 +243,9 @@ void fuzz_scheduler(bytes& in) {
       r.max_new_tokens = in.next() % 6;
       if (in.next() % 4 == 0) r.stop_token = in.next() % 4;
       const std::size_t positions = r.prompt.size() + (r.max_new_tokens ? r.max_new_tokens - 1 : 0);
-      const bool bad = live.count(r.id) != 0 || r.prompt.empty() || r.max_new_tokens == 0 ||
-                       prepack::blocks_for(positions, o.block_size) > o.n_blocks;
+      const bool bad =
+          live.count(r.id) != 0 || r.prompt.empty() || r.max_new_tokens == 0 ||
+          prepack::blocks_for(positions, o.block_size) > o.n_blocks - (o.null_block ? 1 : 0);
       try {
         s.add(r);
         CHECK(!bad);
@@ -283,7 +285,7 @@ void fuzz_scheduler(bytes& in) {
   }
   CHECK(live.empty());
   s.drop_cache();
-  CHECK(s.blocks().free() == s.blocks().n_blocks());
+  CHECK(s.blocks().free() == s.blocks().usable());
 }
 
 }  // namespace

@@ -1,16 +1,21 @@
-// prepack/engines/llama_cpp.hpp - steps of a schedule in llama.cpp's own form (llama.cpp 2025,
-// b5000 on): the arrays of a llama_batch (include/llama.h, struct llama_batch; laid out as
+// prepack/engines/llama_cpp.hpp - steps of a schedule in llama.cpp's own form (llama.cpp of 2026,
+// with KV streams): the arrays of a llama_batch (include/llama.h, struct llama_batch; laid out as
 // llama_batch_init(n_tokens, 0, 1) allocates them) that llama_decode accepts, by the rules
 // llama_batch_allocr::init checks (src/llama-batch.cpp): every token id below the vocabulary,
-// every seq_id in [0, n_seq_max) (at most LLAMA_MAX_SEQ, 256), and each sequence's positions
-// consecutive, starting right after what the KV cache holds for it.
+// every seq_id in [0, n_seq_max), and each sequence's positions consecutive, starting right
+// after what the KV cache holds for it; and llama_decode refuses an empty batch.
 //
 // No block table and no block count: llama.cpp manages its own KV cells by sequence id. Shared
 // prefixes run as llama.cpp runs them: a prefix is computed once, under the sequence id of its
-// first sharer, and after the step that ends it each other sharer gets it by
-// llama_memory_seq_cp(mem, src, dst, p0, p1) (llama_kv_self_seq_cp / llama_kv_cache_seq_cp in
-// earlier releases), which adds dst to the prefix's cells without copying them. So no token
-// carries more than one sequence id, however many prompts share a prefix.
+// first sharer, and right after the step that ends it every other sharer gets the whole of that
+// sequence by llama_memory_seq_cp(mem, src, dst, -1, -1), before it computes anything of its
+// own. The copy is whole because llama.cpp's default context keeps one KV stream per sequence
+// (llama_context_params.kv_unified = false), and a copy across streams copies the stream
+// (llama_kv_cache::seq_cp: GGML_ASSERT(is_full && "seq_cp() is only supported for full KV
+// buffers")); with kv_unified = true the same call shares the cells without copying them. At
+// that moment the source holds exactly the prefix (its own tokens run in later steps), so both
+// give each sharer the prefix's positions and nothing more. The context needs n_seq_max above
+// every sequence id used (at most LLAMA_MAX_SEQ, 256); no token carries more than one id.
 //
 //  token     [n_tokens] int32   llama_token
 //  pos       [n_tokens] int32   llama_pos
@@ -64,10 +69,12 @@ struct batch {
   }
 };
 
-/// llama_memory_seq_cp(mem, src, dst, p0, p1): dst gets src's cells at positions [p0, p1).
+/// llama_memory_seq_cp(mem, src, dst, p0, p1): dst gets src's cells at positions [p0, p1); -1,
+/// -1 (what make_prefix_steps emits): all of them, the only copy llama.cpp makes across KV
+/// streams.
 struct seq_copy {
   std::int32_t src = 0, dst = 0;
-  std::int32_t p0 = 0, p1 = 0;
+  std::int32_t p0 = -1, p1 = -1;
 };
 
 /// One step: decode `batch`, then make the copies.
@@ -101,6 +108,8 @@ batch make_batch(const step_schedule& sched, std::size_t s,
                            sched.n_items(), " items");
   prepack::detail::require(n_seq_max > 0 && n_seq_max <= max_seq, "llama.cpp: n_seq_max ",
                            n_seq_max, " outside 1..", max_seq);
+  prepack::detail::require(!sched.step(s).empty(), "llama.cpp: step ", s,
+                           " has no tokens (llama_decode refuses an empty batch)");
   batch b;
   for (const chunk& c : sched.step(s)) {
     const schedule_item& it = sched.items[c.item];
@@ -121,9 +130,9 @@ batch make_batch(const step_schedule& sched, std::size_t s,
 
 /// Every step of a prefix plan's schedule, as llama.cpp runs shared prefixes: prefix k under
 /// the sequence id of its first sharer, each prompt's own item under the prompt's id
-/// (prompt_seq_ids[i]), and after the step that ends prefix k one copy of its positions
-/// [start, start + length) from that sharer to each other sharer. Throws as make_batch does, and
-/// for a schedule that is not of the plan's items.
+/// (prompt_seq_ids[i]), and after the step that ends prefix k one whole-sequence copy
+/// (p0 = p1 = -1) from that sharer to each other sharer. Throws as make_batch does, and for a
+/// schedule that is not of the plan's items.
 template <class T>
 std::vector<step> make_prefix_steps(const prefix_plan& plan, const step_schedule& sched,
                                     const std::vector<std::vector<T>>& prompts,
@@ -151,9 +160,7 @@ std::vector<step> make_prefix_steps(const prefix_plan& plan, const step_schedule
     for (std::size_t j = 1; j < p.sharers.size(); ++j) {
       const auto dst = detail::checked_seq_id(prompt_seq_ids[p.sharers[j]], n_seq_max,
                                               "prompt " + std::to_string(p.sharers[j]));
-      out[sched.finish_step[k]].copies_after.push_back(
-          {src, dst, prepack::detail::narrow<std::int32_t>(p.start, "position"),
-           prepack::detail::narrow<std::int32_t>(p.start + p.length, "position")});
+      out[sched.finish_step[k]].copies_after.push_back({src, dst, -1, -1});
     }
   }
   return out;
