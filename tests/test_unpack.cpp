@@ -608,3 +608,38 @@ TEST(UnpackAllLayers, MoreDestinationLayersAndDoublesIntoHalf) {
 }
 
 }  // namespace
+
+namespace {
+// vLLM's CPU cache: per block and head, K as [head_dim][block_size], then V as
+// [block_size][head_dim] (python/tests/test_vllm_cpu.py checks it against vLLM's own op).
+TEST(Unpack, VllmCpuCacheViewsPlaceKTransposedThenV) {
+  const std::size_t nb = 3, bs = 4, heads = 2, hd = 3;
+  std::vector<float> cache(nb * heads * bs * 2 * hd, 0.0f);
+  const auto kv = prepack::vllm_cpu_kv_views(cache.data(), nb, bs, heads, hd);
+  const std::vector<std::int64_t> slots{1 * 4 + 2, 2 * 4 + 3};
+  const auto m = prepack::slot_mapping::from_slots(slots, nb, bs);
+  std::vector<float> k(2 * heads * hd), v(2 * heads * hd);
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    k[i] = static_cast<float>(i + 1);
+    v[i] = -static_cast<float>(i + 1);
+  }
+  prepack::write_slots(m, prepack::contiguous_view<const float, 3>(k.data(), {2, heads, hd}),
+                       kv[0]);
+  prepack::write_slots(m, prepack::contiguous_view<const float, 3>(v.data(), {2, heads, hd}),
+                       kv[1]);
+  for (std::size_t t = 0; t < 2; ++t) {
+    const auto slot = static_cast<std::size_t>(slots[t]);
+    const std::size_t b = slot / bs, o = slot % bs;
+    for (std::size_t h = 0; h < heads; ++h) {
+      const std::size_t base = (b * heads + h) * 2 * bs * hd;
+      for (std::size_t d = 0; d < hd; ++d) {
+        EXPECT_EQ(cache[base + d * bs + o], k[(t * heads + h) * hd + d]);
+        EXPECT_EQ(cache[base + bs * hd + o * hd + d], v[(t * heads + h) * hd + d]);
+      }
+    }
+  }
+  std::size_t written = 0;
+  for (float x : cache) written += x != 0.0f ? 1 : 0;
+  EXPECT_EQ(written, 2 * 2 * heads * hd);  // nothing else touched
+}
+}  // namespace

@@ -610,6 +610,22 @@ tensor_view<T, 5> split_key_view(T* data, std::size_t n_blocks, std::size_t bloc
           {n_heads * head_dim * block_size, x, head_dim * block_size, block_size * x, 1}};
 }
 
+/// Views vLLM's CPU attention cache, one tensor [n_blocks][n_heads][block_size][2 * head_dim]
+/// as its CPU backend allocates it (vllm/v1/attention/backends/cpu_attn.py), as two (block,
+/// offset in block, head, dim) views for write_slots: per block and head it holds K transposed,
+/// [head_dim][block_size], then V, [block_size][head_dim] (what cpu_attn_reshape_and_cache
+/// writes with the "vec" ISA: x86 without AMX, block sizes a multiple of 32; checked against
+/// vLLM's own op by python/tests/test_vllm_cpu.py). Returns {K, V}.
+template <class T>
+std::array<tensor_view<T, 4>, 2> vllm_cpu_kv_views(T* data, std::size_t n_blocks,
+                                                   std::size_t block_size, std::size_t n_heads,
+                                                   std::size_t head_dim) {
+  const std::size_t head = 2 * block_size * head_dim, block = n_heads * head;
+  const std::array<std::size_t, 4> extent{n_blocks, block_size, n_heads, head_dim};
+  return {tensor_view<T, 4>{data, extent, {block, 1, head, block_size}},
+          tensor_view<T, 4>{data + block_size * head_dim, extent, {block, head_dim, head, 1}}};
+}
+
 /// write_slots into a pool whose head dimension is split in two, seen as (block, offset in
 /// block, head, dim / x, dim % x) with x = pool.extent[4]: vLLM's paged-attention key cache
 /// (split_key_view). Same placement and errors as the (block, offset, head, dim) form.

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,6 +87,58 @@ void bind_engines(nb::module_& m) {
       "[num_reqs] int32; block_table_tensor [num_reqs, max_num_blocks_per_req] int32 (0 past a "
       "request's blocks); input_ids [num_tokens] int32, positions and slot_mapping "
       "[num_tokens] int64 (-1 on padding); discard_request_mask [num_reqs] bool.");
+
+  vllm.def(
+      "write_cpu_cache",
+      [](array_like kv_cache, array_like key, array_like value, array_like slot_mapping) {
+        nb::ndarray<nb::c_contig, nb::device::cpu> cache;
+        nb::ndarray<nb::ro, nb::device::cpu> k, v;
+        if (!nb::try_cast(kv_cache.obj, cache, false) || cache.ndim() != 4) {
+          throw nb::type_error(
+              "write_cpu_cache: kv_cache must be a writable C-contiguous CPU array "
+              "[num_blocks, num_kv_heads, block_size, 2 * head_size]");
+        }
+        if (!nb::try_cast(key.obj, k, false) || !nb::try_cast(value.obj, v, false) ||
+            k.ndim() != 3 || v.ndim() != 3) {
+          throw nb::type_error("write_cpu_cache: key and value must be [num_tokens, heads, dim]");
+        }
+        if (k.dtype() != cache.dtype() || v.dtype() != cache.dtype()) {
+          throw nb::type_error("write_cpu_cache: key, value and kv_cache differ in dtype");
+        }
+        const std::size_t nb_ = cache.shape(0), heads = cache.shape(1), bs = cache.shape(2);
+        const std::size_t hd = cache.shape(3) / 2;
+        const auto slots = prepack::slot_mapping::from_slots(
+            int_array<std::int64_t>(slot_mapping, "slot_mapping").vector(), nb_, bs);
+        const auto write = [&](auto* data) {
+          using U = std::remove_pointer_t<decltype(data)>;
+          const auto kv = prepack::vllm_cpu_kv_views(data, nb_, bs, heads, hd);
+          const auto src = [](const nb::ndarray<nb::ro, nb::device::cpu>& a) {
+            return prepack::tensor_view<const U, 3>{
+                static_cast<const U*>(a.data()),
+                {a.shape(0), a.shape(1), a.shape(2)},
+                {static_cast<std::size_t>(a.stride(0)), static_cast<std::size_t>(a.stride(1)),
+                 static_cast<std::size_t>(a.stride(2))}};
+          };
+          prepack::write_slots(slots, src(k), kv[0]);
+          prepack::write_slots(slots, src(v), kv[1]);
+        };
+        switch (cache.itemsize()) {  // the same dtype everywhere: elements moved bit for bit
+          case 2:
+            write(static_cast<std::uint16_t*>(cache.data()));
+            break;
+          case 4:
+            write(static_cast<std::uint32_t*>(cache.data()));
+            break;
+          default:
+            throw nb::type_error("write_cpu_cache: elements of 2 or 4 bytes expected");
+        }
+      },
+      "kv_cache"_a, "key"_a, "value"_a, "slot_mapping"_a,
+      "Writes one layer's key and value [num_tokens, num_kv_heads, head_size] into vLLM's CPU "
+      "attention cache [num_blocks, num_kv_heads, block_size, 2 * head_size] through a slot "
+      "mapping (-1: skipped), in the layout vLLM's cpu_attn_reshape_and_cache writes (per block "
+      "and head: K as [head_size][block_size], then V as [block_size][head_size]; "
+      "prepack::vllm_cpu_kv_views). ValueError for slots outside the cache or written twice.");
 
   nb::module_ fi = m.def_submodule("flashinfer",
                                    "FlashInfer's form of a step (prepack/engines/flashinfer.hpp).");

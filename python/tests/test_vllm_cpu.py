@@ -75,6 +75,8 @@ class VllmCpuAttention:
         self.kv_cache = torch.zeros(n_blocks, KV_HEADS, block_size, 2 * HEAD_DIM, dtype=dtype)
         view = self.kv_cache.view(n_blocks, KV_HEADS, block_size * 2, HEAD_DIM)
         self.key_cache, self.value_cache = view.chunk(2, dim=2)
+        self.mirror = torch.zeros_like(self.kv_cache)  # written by prepack alone
+        self.layout_checked = 0
 
     def step(self, form, q, k, v, write=True):
         t = lambda name, dtype: torch.from_numpy(np.ascontiguousarray(form[name])).to(dtype)  # noqa: E731
@@ -85,6 +87,12 @@ class VllmCpuAttention:
         if write:
             ops.cpu_attn_reshape_and_cache(k, v, self.key_cache, self.value_cache, slot_mapping,
                                            self.isa)
+            # prepack's view of the same cache, written by prepack: bit for bit what vLLM wrote.
+            if self.isa == "vec":
+                bits = torch.int32 if self.dtype == torch.float32 else torch.int16
+                prepack.vllm.write_cpu_cache(self.mirror, k, v, form["slot_mapping"])
+                assert torch.equal(self.mirror.view(bits), self.kv_cache.view(bits))
+                self.layout_checked += 1
         meta = ops.cpu_attn_get_scheduler_metadata(
             num_reqs=form["num_reqs"], num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
             seq_lens=seq_lens, dtype=self.dtype, query_start_loc=query_start_loc, causal=True,
@@ -170,3 +178,6 @@ def test_vllm_cpu_attention_runs_prepacks_steps_exactly(block_size, dtype, n_blo
     assert decodes > 0 and prefill_over_context > 0 and stats["cache_hit_tokens"] > 0
     assert mutations > 0
     assert stats["preemptions"] > 0 or new < 40  # the tight pool preempts
+    # The cache layout, where vLLM writes it with its "vec" kernels (x86 without AMX).
+    print(f"ISA {engine.isa}: cache writes compared bit for bit in {engine.layout_checked} steps")
+    assert engine.layout_checked == steps or engine.isa != "vec"
