@@ -249,6 +249,25 @@ void expect_flashinfer(const prepack::step_inputs<>& in, const std::string& wher
                 blocks[static_cast<std::size_t>(k)]);
     }
   }
+  // plan()'s other arguments (flashinfer/prefill.py, BatchPrefillWithPagedKVCacheWrapper.plan):
+  // causal (default False there), and for trtllm-gen / cuDNN seq_lens (kv), seq_lens_q,
+  // block_tables and the two maxima.
+  ASSERT_TRUE(p.causal);
+  int max_q = 0, max_kv = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    ASSERT_EQ(p.seq_lens[r], in.context_lens[r] + in.query_lens[r]);
+    ASSERT_EQ(p.seq_lens_q[r], in.query_lens[r]);
+    max_q = std::max(max_q, in.query_lens[r]);
+    max_kv = std::max(max_kv, in.seq_lens[r]);
+    const auto blocks = in.tables.blocks(r);
+    const auto pages = static_cast<std::size_t>(p.attention.paged_kv_indptr[r + 1] -
+                                                p.attention.paged_kv_indptr[r]);
+    for (std::size_t k = 0; k < p.max_pages; ++k) {
+      ASSERT_EQ(p.block_tables[r * p.max_pages + k], k < pages ? blocks[k] : 0) << where;
+    }
+  }
+  ASSERT_EQ(p.max_token_per_sequence, max_q);
+  ASSERT_EQ(p.max_sequence_kv, max_kv);
   // get_batch_indices_positions(append_indptr, seq_lens, nnz): batch b's entries get b, and
   // positions seq_lens[b] - append_len + i (the docs' example: [4, 3, 4, 2, 3, 4, ...]).
   std::vector<int> bi, pos;

@@ -1,6 +1,7 @@
 // Each engine's own form of a step (prepack/engines/): dicts of arrays by the engine's names and
 // dtypes, built by the C++ headers.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <cstdint>
@@ -144,11 +145,29 @@ void bind_engines(nb::module_& m) {
                                    "FlashInfer's form of a step (prepack/engines/flashinfer.hpp).");
   fi.def(
       "make_step",
-      [](const step_inputs_box& b) {
+      [](const step_inputs_box& b, std::optional<int> num_qo_heads, std::optional<int> num_kv_heads,
+         std::optional<int> head_dim, nb::handle q_data_type, nb::handle kv_data_type) {
         auto p = prepack::flashinfer::make_step(b.in);
+        const std::size_t n = p.seq_lens.size();
         nb::dict d;
         d["page_size"] = p.page_size;
         d["request_ids"] = to_numpy(std::move(p.request_ids));
+        // Every argument of BatchPrefillWithPagedKVCacheWrapper.plan the step (and the model,
+        // when given) determines: wrapper.plan(**form["plan"]) after moving arrays to the device.
+        nb::dict plan = paged_kv_dict(prepack::flashinfer::paged_kv(p.attention));
+        plan["page_size"] = p.page_size;
+        plan["causal"] = p.causal;
+        plan["seq_lens"] = to_numpy(std::move(p.seq_lens));
+        plan["seq_lens_q"] = to_numpy(std::move(p.seq_lens_q));
+        plan["block_tables"] = to_numpy(std::move(p.block_tables), {n, p.max_pages});
+        plan["max_token_per_sequence"] = p.max_token_per_sequence;
+        plan["max_sequence_kv"] = p.max_sequence_kv;
+        if (num_qo_heads) plan["num_qo_heads"] = *num_qo_heads;
+        if (num_kv_heads) plan["num_kv_heads"] = *num_kv_heads;
+        if (head_dim) plan["head_dim_qk"] = *head_dim;
+        if (!q_data_type.is_none()) plan["q_data_type"] = q_data_type;
+        if (!kv_data_type.is_none()) plan["kv_data_type"] = kv_data_type;
+        d["plan"] = plan;
         d["attention"] = paged_kv_dict(std::move(p.attention));
         d["batch_indices"] = to_numpy(std::move(p.batch_indices));
         d["positions"] = to_numpy(std::move(p.positions));
@@ -163,8 +182,13 @@ void bind_engines(nb::module_& m) {
         }
         return d;
       },
-      "inputs"_a,
-      "The step as FlashInfer's wrappers take it: page_size; request_ids [batch] int64; "
+      "inputs"_a, "num_qo_heads"_a = nb::none(), "num_kv_heads"_a = nb::none(),
+      "head_dim"_a = nb::none(), "q_data_type"_a = nb::none(), "kv_data_type"_a = nb::none(),
+      "The step as FlashInfer's wrappers take it: plan, the keyword arguments of "
+      "BatchPrefillWithPagedKVCacheWrapper.plan the step determines (the page table, page_size, "
+      "causal=True, and seq_lens, seq_lens_q, block_tables [batch, max pages], "
+      "max_token_per_sequence, max_sequence_kv for its trtllm-gen / cuDNN backends) plus the "
+      "model's heads, head dim and data types when given; page_size; request_ids [batch] int64; "
       "attention: the plan() page table (qo_indptr, paged_kv_indptr [batch + 1], "
       "paged_kv_indices, paged_kv_last_page_len [batch], all int32); batch_indices and "
       "positions [nnz] int32 for append_paged_kv_cache; cascade: the two levels of "

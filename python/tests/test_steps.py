@@ -68,6 +68,18 @@ def check_engine_definitions(s):
     assert f["attention"]["paged_kv_indices"].tolist() == sum((blocks[r][:pages[r]].tolist() for r in range(n)), [])
     assert f["attention"]["paged_kv_last_page_len"].tolist() == [(int(L) - 1) % bs + 1 for L in s.seq_lens]
     assert f["positions"].tolist() == s.positions.tolist()
+    # BatchPrefillWithPagedKVCacheWrapper.plan's arguments (flashinfer/prefill.py).
+    plan = prepack.flashinfer.make_step(s, num_qo_heads=8, num_kv_heads=2, head_dim=64,
+                                        q_data_type="bfloat16")["plan"]
+    assert plan["causal"] is True and plan["page_size"] == bs
+    assert plan["num_qo_heads"] == 8 and plan["head_dim_qk"] == 64 and plan["q_data_type"] == "bfloat16"
+    assert plan["seq_lens"].tolist() == s.seq_lens.tolist() and plan["seq_lens_q"].tolist() == s.query_lens.tolist()
+    assert plan["max_token_per_sequence"] == s.query_lens.max() and plan["max_sequence_kv"] == s.seq_lens.max()
+    for r in range(n):
+        row = plan["block_tables"][r]
+        assert row[:pages[r]].tolist() == blocks[r][:pages[r]].tolist() and (row[pages[r]:] == 0).all()
+    for name in ("qo_indptr", "paged_kv_indptr", "paged_kv_indices", "paged_kv_last_page_len"):
+        assert plan[name].tolist() == f["attention"][name].tolist()
     assert f["batch_indices"].tolist() == np.repeat(np.arange(n), s.query_lens).tolist()
     g = prepack.sglang.make_forward_batch(s)
     order = g["seq_order"]  # extends, then decodes (mix_with_running)

@@ -1,4 +1,4 @@
-// prepack/engines/flashinfer.hpp - one step in FlashInfer's own form (FlashInfer 0.2 to 0.4), as
+// prepack/engines/flashinfer.hpp - one step in FlashInfer's own form (FlashInfer 0.2 to 0.7), as
 // its documentation defines the page table (docs/tutorials/kv_layout.rst, "Page Table Layout" and
 // "Multi-level Cascade Inference Data Layout") and as these take it:
 //
@@ -18,6 +18,12 @@
 //  MultiLevelCascadeAttentionWrapper.plan (flashinfer/cascade.py): two levels, the pages every
 //    request of the step shares (level 0: all queries as one request, non-causal) and each
 //    request's own (level 1, causal).
+// And the rest of what BatchPrefillWithPagedKVCacheWrapper.plan takes that a step determines
+// (flashinfer/prefill.py, FlashInfer 0.7): causal = true (its default is False: a step's queries
+// attend causally, bottom-right, over their cached context), and for its trtllm-gen and cuDNN
+// backends seq_lens (kv lengths), seq_lens_q, block_tables [batch][max pages] (0-padded),
+// max_token_per_sequence and max_sequence_kv. The heads, head dims and data types are the
+// model's: the caller adds them.
 // The ragged-KV form (BatchPrefillWithRaggedKVCacheWrapper) takes kv_indptr over the new tokens
 // only: that is qo_indptr, not prepack's cu_seqlens_k. Cost: O(tokens + pages). Standard library.
 #pragma once
@@ -54,6 +60,13 @@ struct cascade_levels {
 /// One step: the paged attention's plan, the append's indices, and the cascade when it applies.
 struct step_plan {
   std::int32_t page_size = 0;
+  bool causal = true;                       // plan(causal=...): its default is False
+  std::vector<std::int32_t> seq_lens;       // [batch]  kv lengths (context + new tokens)
+  std::vector<std::int32_t> seq_lens_q;     // [batch]  new tokens
+  std::size_t max_pages = 0;                // block_tables' width
+  std::vector<std::int32_t> block_tables;   // [batch][max_pages]  each request's pages, 0-padded
+  std::int32_t max_token_per_sequence = 0;  // the longest seq_lens_q
+  std::int32_t max_sequence_kv = 0;         // the longest seq_lens
   std::vector<std::int64_t> request_ids;    // [batch]  the caller's ids
   paged_kv attention;                       // BatchPrefill/BatchDecode...Wrapper.plan
   std::vector<std::int32_t> batch_indices;  // [nnz]  append_paged_kv_cache
@@ -93,6 +106,24 @@ step_plan make_step(const step_inputs<Token, Index>& in) {
       p.batch_indices.push_back(static_cast<std::int32_t>(q));
       p.positions.push_back(narrow<std::int32_t>(in.context_lens[q] + i, "position"));
     }
+  }
+  // The trtllm-gen / cuDNN arguments: lengths and a padded page table.
+  for (std::size_t q = 0; q < n; ++q) {
+    p.seq_lens.push_back(narrow<std::int32_t>(in.seq_lens[q], "seq_lens"));
+    p.seq_lens_q.push_back(narrow<std::int32_t>(in.query_lens[q], "seq_lens_q"));
+    p.max_token_per_sequence = std::max(p.max_token_per_sequence, p.seq_lens_q.back());
+    p.max_sequence_kv = std::max(p.max_sequence_kv, p.seq_lens.back());
+    const auto pages = static_cast<std::size_t>(p.attention.paged_kv_indptr[q + 1] -
+                                                p.attention.paged_kv_indptr[q]);
+    p.max_pages = std::max(p.max_pages, pages);
+  }
+  p.block_tables.assign(prepack::detail::mul(n, p.max_pages, "block_tables"), 0);
+  for (std::size_t q = 0; q < n; ++q) {
+    const auto b = static_cast<std::size_t>(p.attention.paged_kv_indptr[q]);
+    const auto e = static_cast<std::size_t>(p.attention.paged_kv_indptr[q + 1]);
+    std::copy(p.attention.paged_kv_indices.begin() + static_cast<std::ptrdiff_t>(b),
+              p.attention.paged_kv_indices.begin() + static_cast<std::ptrdiff_t>(e),
+              p.block_tables.begin() + static_cast<std::ptrdiff_t>(q * p.max_pages));
   }
   // Level 0 is attended without a causal mask: its pages must hold cached context of every
   // request (positions before each one's first query), whole pages of it.
