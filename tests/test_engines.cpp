@@ -221,6 +221,24 @@ void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
   prefix = std::min<long long>(prefix, min_computed);
   prefix = prefix / static_cast<long long>(bs) * static_cast<long long>(bs);
   ASSERT_EQ(m.common_prefix_len, prefix) << where;
+  // V2's full-CUDA-graph padding (vllm/v1/worker/gpu/model_runner.py: query_start_loc_np
+  // [num_reqs + 1:] = num_tokens; seq_lens' padded entries left at zero; the block-table gather
+  // zeroes padded rows).
+  const auto padded = prepack::vllm::make_step(in, {0, 0, n + 2});
+  ASSERT_EQ(padded.num_reqs, static_cast<int>(n));
+  ASSERT_EQ(padded.num_reqs_padded, static_cast<int>(n + 2));
+  ASSERT_EQ(padded.query_start_loc.size(), n + 3);
+  for (std::size_t r = n; r < n + 2; ++r) {
+    ASSERT_EQ(padded.query_start_loc[r + 1], static_cast<int>(in.n_tokens()));
+    ASSERT_EQ(padded.seq_lens[r], 0);
+    ASSERT_EQ(padded.num_computed_tokens[r], 0);
+    for (std::size_t k = 0; k < padded.max_num_blocks_per_req; ++k) {
+      ASSERT_EQ(padded.block_table_tensor[r * padded.max_num_blocks_per_req + k], 0);
+    }
+  }
+  ASSERT_EQ(std::vector<int>(padded.query_start_loc.begin(),
+                             padded.query_start_loc.begin() + static_cast<long>(n) + 1),
+            m.query_start_loc);
 }
 
 // ---------- FlashInfer ----------
@@ -593,6 +611,11 @@ TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
   // Widths below what a step needs.
   EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {1, 0}), "max_num_blocks_per_req 1");
   EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {0, 2}), "num_tokens_padded 2");
+  const auto two = prepack::make_step_inputs(
+      prepack::budgeted_schedule(std::vector<int>{3, 2}, {8}), 0, test::tagged_prompts({3, 2}, 7),
+      prepack::make_block_tables({{1}, {2}}, 4), 4);
+  EXPECT_PREPACK_ERROR(prepack::vllm::make_step(two, {0, 0, 1}),
+                       "num_reqs_padded 1 is below the step's 2 requests");
   EXPECT_PREPACK_ERROR(prepack::sglang::make_forward_batch(first, {}, 3), "req_to_token width 3");
   const std::vector<std::int64_t> rows_of_two{0, 1};
   EXPECT_PREPACK_ERROR(

@@ -51,15 +51,17 @@ void bind_engines(nb::module_& m) {
   vllm.def(
       "make_step",
       [](const step_inputs_box& b, std::size_t max_num_blocks_per_req,
-         std::size_t num_tokens_padded) {
+         std::size_t num_tokens_padded, std::size_t num_reqs_padded) {
         prepack::vllm::options o;
         o.max_num_blocks_per_req = max_num_blocks_per_req;
         o.num_tokens_padded = num_tokens_padded;
+        o.num_reqs_padded = num_reqs_padded;
         auto s = prepack::vllm::make_step(b.in, o);
         nb::dict d;
         d["req_order"] =
             to_numpy(std::vector<std::int64_t>(s.req_order.begin(), s.req_order.end()));
         d["num_reqs"] = s.num_reqs;
+        d["num_reqs_padded"] = s.num_reqs_padded;
         d["num_actual_tokens"] = s.num_actual_tokens;
         d["max_query_len"] = s.max_query_len;
         d["max_seq_len"] = s.max_seq_len;
@@ -71,7 +73,7 @@ void bind_engines(nb::module_& m) {
         d["num_computed_tokens"] = to_numpy(std::move(s.num_computed_tokens));
         d["block_table_tensor"] =
             to_numpy(std::move(s.block_table_tensor),
-                     {static_cast<std::size_t>(s.num_reqs), s.max_num_blocks_per_req});
+                     {static_cast<std::size_t>(s.num_reqs_padded), s.max_num_blocks_per_req});
         d["input_ids"] = to_numpy(std::move(s.input_ids));
         d["positions"] = to_numpy(std::move(s.positions));
         d["slot_mapping"] = to_numpy(std::move(s.slot_mapping));
@@ -80,6 +82,7 @@ void bind_engines(nb::module_& m) {
         return d;
       },
       "inputs"_a, "max_num_blocks_per_req"_a = 0, "num_tokens_padded"_a = 0,
+      "num_reqs_padded"_a = 0,
       "The step as vLLM v1's model runner builds it, requests in vLLM's batch order (decodes, "
       "short extends, long extends, prefills): req_order [num_reqs] int64 (the step's "
       "sequence at each position); num_reqs, num_actual_tokens, "

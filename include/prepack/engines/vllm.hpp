@@ -6,6 +6,8 @@
 //
 //  req_order           [num_reqs]            the step's sequence at each request position: vLLM's
 //                                            batch order, decodes first (below)
+//  (per-request arrays run to num_reqs_padded, per-token ones to num_tokens_padded, when
+//  options ask for V2's full-CUDA-graph padding)
 //  query_start_loc     [num_reqs + 1] int32  prefix sums of the scheduled tokens
 //  seq_lens            [num_reqs] int32      num_computed_tokens + num_scheduled_tokens; the
 //                                            FlashAttention backend passes it as seqused_k
@@ -51,6 +53,7 @@ namespace vllm {
 struct step_metadata {
   std::vector<std::size_t> req_order;  // [num_reqs]  the step's sequence at each position
   std::int32_t num_reqs = 0;
+  std::int32_t num_reqs_padded = 0;    // num_reqs, or options::num_reqs_padded
   std::int32_t num_actual_tokens = 0;  // tokens of the step (before any padding)
   std::int32_t max_query_len = 0;
   std::int32_t max_seq_len = 0;
@@ -77,6 +80,11 @@ struct options {
   /// Pad the per-token arrays to this many tokens (a CUDA-graph size): input_ids and positions
   /// with 0, slot_mapping with -1. 0: no padding. Throws if below the step's tokens.
   std::size_t num_tokens_padded = 0;
+  /// Pad the per-request arrays to this many requests, as vLLM's V2 model runner does for a
+  /// full CUDA graph (vllm/v1/worker/gpu/model_runner.py): query_start_loc continues with the
+  /// step's token count (non-decreasing), seq_lens and num_computed_tokens with 0, and the
+  /// block table with rows of 0 (the null block). 0: no padding. Throws if below the requests.
+  std::size_t num_reqs_padded = 0;
 };
 
 /// vLLM's region of a step's sequence q in its batch order: 0 decode, 1 short extend, 2 long
@@ -126,9 +134,14 @@ step_metadata make_step(const step_inputs<Token, Index>& in, const options& opt 
   const std::size_t padded = opt.num_tokens_padded > 0 ? opt.num_tokens_padded : t;
   require(padded >= t, "vllm: num_tokens_padded ", opt.num_tokens_padded, " is below the step's ",
           t, " tokens");
+  const std::size_t reqs = opt.num_reqs_padded > 0 ? opt.num_reqs_padded : n;
+  require(reqs >= n, "vllm: num_reqs_padded ", opt.num_reqs_padded, " is below the step's ", n,
+          " requests");
+  m.num_reqs_padded = narrow<std::int32_t>(reqs, "num_reqs_padded");
   m.max_num_blocks_per_req = std::max<std::size_t>(width, 1);
-  m.block_table_tensor.assign(prepack::detail::mul(n, m.max_num_blocks_per_req, "block table"), 0);
-  m.query_start_loc.assign(n + 1, 0);
+  m.block_table_tensor.assign(prepack::detail::mul(reqs, m.max_num_blocks_per_req, "block table"),
+                              0);
+  m.query_start_loc.assign(reqs + 1, 0);
   const auto row0 = in.tables.blocks(m.req_order[0]);
   std::size_t common = row0.size();  // leading blocks all share
   std::size_t min_computed = static_cast<std::size_t>(in.context_lens[m.req_order[0]]);
@@ -164,6 +177,11 @@ step_metadata make_step(const step_inputs<Token, Index>& in, const options& opt 
     m.max_seq_len = std::max(m.max_seq_len, m.seq_lens.back());
     m.logits_indices.push_back(m.query_start_loc[r + 1] - 1);
     m.discard_request_mask.push_back(in.completes[q] ? 0 : 1);
+  }
+  for (std::size_t r = n; r < reqs; ++r) {  // V2's padded requests: no tokens, no context
+    m.query_start_loc[r + 1] = m.query_start_loc[n];
+    m.seq_lens.push_back(0);
+    m.num_computed_tokens.push_back(0);
   }
   // The cascade prefix: the shared blocks, capped by the least computed tokens, in whole blocks.
   const std::size_t bs = in.tables.block_size;
