@@ -611,6 +611,11 @@ TEST(Engines, FormsRefuseWhatTheirEngineRefuses) {
   // Widths below what a step needs.
   EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {1, 0}), "max_num_blocks_per_req 1");
   EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {0, 2}), "num_tokens_padded 2");
+  // vLLM's CPU backend takes block sizes that are multiples of 32 (CPUAttentionBackend.
+  // get_supported_kernel_block_sizes: MultipleOf(32)): blocks of 4 are refused when asked.
+  EXPECT_PREPACK_ERROR(prepack::vllm::make_step(first, {0, 0, 0, 32}),
+                       "vllm: block size 4 is not a multiple of 32");
+  EXPECT_NO_THROW(prepack::vllm::make_step(first, {0, 0, 0, 4}));
   const auto two = prepack::make_step_inputs(
       prepack::budgeted_schedule(std::vector<int>{3, 2}, {8}), 0, test::tagged_prompts({3, 2}, 7),
       prepack::make_block_tables({{1}, {2}}, 4), 4);

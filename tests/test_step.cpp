@@ -157,6 +157,35 @@ TEST(StepErrors, RefusedBeforeAnythingIsBuilt) {
 
 // A sequence that reads as cached context a block another sequence writes in the same step would
 // read what the step overwrites: refused before anything is built.
+// Engines that write a step's K and V before attention reads them (vLLM, FlashInfer, SGLang)
+// take a step whose sequence reads a block another writes (vLLM schedules a prefix-cache hit on
+// a block computed in the same step); prepack refuses it unless asked.
+TEST(Step, WritesBeforeReadsLetsASequenceReadABlockWrittenInTheStep) {
+  std::vector<prepack::schedule_item> items(2);
+  items[0].length = 6;
+  items[0].prompt = 0;
+  items[1].length = 3;
+  items[1].context = 4;
+  items[1].prompt = 1;
+  const auto sched =
+      prepack::budgeted_schedule(prepack::span<const prepack::schedule_item>(items), {16});
+  ASSERT_EQ(sched.n_steps(), 1u);
+  const std::vector<std::vector<int>> toks{{1, 2, 3, 4, 5, 6}, {7, 8, 9}};
+  const auto tables = prepack::make_block_tables({{1, 2}, {1, 3}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 0, toks, tables, 4),
+                       "prompt 1: block 1 (entry 0) holds context it reads, but prompt 0 writes "
+                       "that block in this step");
+  prepack::step_options opt;
+  opt.writes_before_reads = true;
+  const auto in = prepack::make_step_inputs(sched, 0, toks, tables, 4, opt);
+  EXPECT_EQ(in.context_lens[1], 4);
+  EXPECT_EQ(in.slot_mapping[6], 3 * 4 + 0);  // position 4 of prompt 1: block 3
+  // Two writers of one block stay refused.
+  const auto clash = prepack::make_block_tables({{1, 2}, {1, 2}}, 4);
+  EXPECT_PREPACK_ERROR(prepack::make_step_inputs(sched, 0, toks, clash, 4, opt),
+                       "block 2 is also written by prompt 0");
+}
+
 TEST(StepErrors, ReadWriteHazardIsRefused) {
   // Prompt 0 (8 tokens) is chunked 6 + 2; prompt 1 (4 tokens) runs in step 1 beside chunk 2.
   std::vector<prepack::schedule_item> items(2);

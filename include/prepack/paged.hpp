@@ -274,12 +274,13 @@ void add_block_uses(std::vector<block_use>& uses, Entry&& entry, std::size_t con
 }
 
 // Throws unless the blocks of a step are used safely: no sequence lists a block twice, no block
-// is written by two sequences, and no block one sequence reads as cached context is written by
-// another in the same step (it would read what the step overwrites). Several sequences may read
-// one block (a shared prefix). `name(seq)` names a sequence in messages (called only on
-// failure). O(b log b) in the b uses; sorts `uses`.
+// is written by two sequences, and (unless the engine writes a step's K and V before any
+// attention reads them: writes_before_reads) no block one sequence reads as cached context is
+// written by another in the same step. Several sequences may read one block (a shared prefix).
+// `name(seq)` names a sequence in messages (called only on failure). O(b log b) in the b uses;
+// sorts `uses`.
 template <class Name>
-void check_block_uses(std::vector<block_use>& uses, Name&& name) {
+void check_block_uses(std::vector<block_use>& uses, Name&& name, bool writes_before_reads = false) {
   std::sort(uses.begin(), uses.end(), [](const block_use& a, const block_use& b) {
     if (a.block != b.block) return a.block < b.block;
     if (a.writes() != b.writes()) return a.writes();  // a block's writer first
@@ -296,7 +297,7 @@ void check_block_uses(std::vector<block_use>& uses, Name&& name) {
     if (a.writes() && b.writes()) {
       fail(name(b.seq), ": block ", b.block, " is also written by ", name(a.seq));
     }
-    if (a.writes()) {  // b only reads it
+    if (a.writes() && !writes_before_reads) {  // b only reads it
       fail(name(b.seq), ": block ", b.block, " (entry ", b.entry(),
            ") holds context it reads, but ", name(a.seq), " writes that block in this step");
     }

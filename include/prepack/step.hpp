@@ -127,10 +127,16 @@ void check_step(const step_schedule& sched, std::size_t s,
 template <class Token = std::int32_t, class Index = std::int32_t>
 class step_builder {
  public:
-  /// `name(q)` names sequence q in messages (called only on failure).
+  /// `name(q)` names sequence q in messages (called only on failure). With writes_before_reads,
+  /// a sequence may read as cached context a block another one writes in the same step: safe on
+  /// engines that write every token's K and V of a layer before any attention reads them (vLLM:
+  /// do_kv_cache_update before forward; FlashInfer: append_paged_kv_cache, then attention;
+  /// SGLang: set_kv_buffer, then attention), where a prefix-cache hit on a block computed in the
+  /// same step is scheduled; refused otherwise (prepack's reference model reads its pool before
+  /// the step's writes land).
   step_builder(std::size_t block_size, std::size_t n_blocks,
-               std::function<std::string(std::size_t)> name)
-      : bs_(block_size), name_(std::move(name)) {
+               std::function<std::string(std::size_t)> name, bool writes_before_reads = false)
+      : bs_(block_size), name_(std::move(name)), writes_before_reads_(writes_before_reads) {
     detail::require(block_size > 0, "block tables: block size 0");
     detail::require(n_blocks > 0, "paged pool: the pool has no blocks");
     in_.n_blocks = n_blocks;
@@ -230,7 +236,7 @@ class step_builder {
 
   /// The step: throws prepack::error for a block used unsafely (see the class comment).
   step_inputs<Token, Index> finish() && {
-    detail::check_block_uses(uses_, name_);
+    detail::check_block_uses(uses_, name_, writes_before_reads_);
     in_.tables = make_block_tables(rows_, bs_);
     return std::move(in_);
   }
@@ -238,6 +244,7 @@ class step_builder {
  private:
   std::size_t bs_ = 0;
   std::function<std::string(std::size_t)> name_;
+  bool writes_before_reads_ = false;
   step_inputs<Token, Index> in_;
   std::vector<std::vector<std::int32_t>> rows_;
   std::vector<detail::block_use> uses_;
@@ -249,6 +256,9 @@ struct step_options {
   /// The caller's id of each item (a request id, a llama_seq_id); default: a prompt's item its
   /// prompt's index, a shared prefix's item -1 - its index (apart from every prompt's id).
   span<const std::int64_t> seq_ids;
+  /// Let a sequence read as context a block another one writes in this step (see step_builder:
+  /// engines that write a layer's K and V before attention reads them, vLLM among them).
+  bool writes_before_reads = false;
 };
 
 /// The inputs of step `s` of a schedule: item_tokens[i] holds item i's tokens (the schedule's
@@ -272,9 +282,10 @@ step_inputs<Token, Index> make_step_inputs(const step_schedule& sched, std::size
   detail::require(opt.seq_ids.empty() || opt.seq_ids.size() == sched.n_items(),
                   "sequence ids: ", opt.seq_ids.size(), " for ", sched.n_items(), " items");
   const span<const chunk> chunks = sched.step(s);
-  step_builder<Token, Index> b(tables.block_size, n_blocks, [&](std::size_t q) {
-    return item_name(sched.items[chunks[q].item], chunks[q].item);
-  });
+  step_builder<Token, Index> b(
+      tables.block_size, n_blocks,
+      [&](std::size_t q) { return item_name(sched.items[chunks[q].item], chunks[q].item); },
+      opt.writes_before_reads);
   std::size_t n_tokens = 0;
   for (const chunk& c : chunks) n_tokens += c.length;  // checked against the items above
   b.reserve(chunks.size(), n_tokens);

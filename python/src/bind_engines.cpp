@@ -51,8 +51,10 @@ void bind_engines(nb::module_& m) {
   vllm.def(
       "make_step",
       [](const step_inputs_box& b, std::size_t max_num_blocks_per_req,
-         std::size_t num_tokens_padded, std::size_t num_reqs_padded) {
+         std::size_t num_tokens_padded, std::size_t num_reqs_padded,
+         std::size_t block_size_multiple) {
         prepack::vllm::options o;
+        o.block_size_multiple = block_size_multiple;
         o.max_num_blocks_per_req = max_num_blocks_per_req;
         o.num_tokens_padded = num_tokens_padded;
         o.num_reqs_padded = num_reqs_padded;
@@ -82,7 +84,7 @@ void bind_engines(nb::module_& m) {
         return d;
       },
       "inputs"_a, "max_num_blocks_per_req"_a = 0, "num_tokens_padded"_a = 0,
-      "num_reqs_padded"_a = 0,
+      "num_reqs_padded"_a = 0, "block_size_multiple"_a = 0,
       "The step as vLLM v1's model runner builds it, requests in vLLM's batch order (decodes, "
       "short extends, long extends, prefills): req_order [num_reqs] int64 (the step's "
       "sequence at each position); num_reqs, num_actual_tokens, "

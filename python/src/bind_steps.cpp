@@ -191,15 +191,29 @@ void bind_steps(nb::module_& m) {
   m.def(
       "budgeted_schedule",
       [](array_like lengths, std::size_t budget, const std::string& policy,
-         const std::string& order, std::size_t block_size) {
+         const std::string& order, std::size_t block_size, optional_array_like contexts) {
         const int_array<std::int64_t> len(lengths, "lengths");
-        return prepack::budgeted_schedule(len.span(),
-                                          budget_opts(budget, policy, order, block_size));
+        const auto opts = budget_opts(budget, policy, order, block_size);
+        if (contexts.is_none()) return prepack::budgeted_schedule(len.span(), opts);
+        const int_array<std::int64_t> ctx(contexts, "contexts");
+        prepack::detail::require(ctx.size() == len.size(), "contexts: ", ctx.size(), " for ",
+                                 len.size(), " prompts");
+        std::vector<prepack::schedule_item> items(len.size());
+        for (std::size_t i = 0; i < items.size(); ++i) {
+          prepack::detail::require(len.data()[i] >= 0, "prompt ", i, ": length ", len.data()[i]);
+          prepack::detail::require(ctx.data()[i] >= 0, "prompt ", i, ": context ", ctx.data()[i]);
+          items[i].length = static_cast<std::size_t>(len.data()[i]);
+          items[i].context = static_cast<std::size_t>(ctx.data()[i]);
+          items[i].prompt = i;
+        }
+        return prepack::budgeted_schedule(prepack::span<const prepack::schedule_item>(items), opts);
       },
       "lengths"_a, "budget"_a = 2048, "policy"_a = "whole_first", "order"_a = "arrival",
-      "block_size"_a = 0,
+      "block_size"_a = 0, "contexts"_a = nb::none(),
       "Schedules whole prompts of the given lengths into steps of at most `budget` tokens "
-      "(prepack::budgeted_schedule): policy 'whole_first' (first-fit-decreasing, chunking only "
+      "(prepack::budgeted_schedule): contexts, when given, the tokens each prompt continues "
+      "(already cached: a prefix-cache hit); policy 'whole_first' (first-fit-decreasing, chunking "
+      "only "
       "what exceeds the budget) or 'fill' (every step filled; order 'arrival', "
       "'shortest_first' or 'longest_first'); block_size > 0 makes every chunk but a prompt's "
       "last a whole number of blocks. O((n + chunks) log steps). ValueError for a length <= 0, "
@@ -434,10 +448,12 @@ void bind_steps(nb::module_& m) {
   m.def(
       "step_inputs",
       [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
-         const prepack::block_tables& tables, std::size_t n_blocks, optional_array_like seq_ids) {
+         const prepack::block_tables& tables, std::size_t n_blocks, optional_array_like seq_ids,
+         bool writes_before_reads) {
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
         prepack::step_options opt;
+        opt.writes_before_reads = writes_before_reads;
         std::vector<std::int64_t> ids;
         if (!seq_ids.is_none()) {
           ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();
@@ -447,11 +463,14 @@ void bind_steps(nb::module_& m) {
             sched, step, toks.tokens, tables, n_blocks, opt)};
       },
       "schedule"_a, "step"_a, "item_tokens"_a, "tables"_a, "n_blocks"_a, "seq_ids"_a = nb::none(),
+      "writes_before_reads"_a = false,
       "The inputs of one step of a schedule (prepack::make_step_inputs): item_tokens holds "
       "each item's tokens (Prompts, or a list), tables each item's blocks in a pool of n_blocks "
       "blocks of tables.block_size. O(step tokens + blocks it touches). ValueError naming the "
       "prompt and value for a step out of range, tokens that differ from the schedule, a table "
-      "too short or outside the pool, or blocks used unsafely.");
+      "too short or outside the pool, or blocks used unsafely (writes_before_reads: a sequence "
+      "may read a block another writes in this step, as on engines that write a layer's K and V "
+      "before attention reads them: vLLM, FlashInfer, SGLang).");
 
   m.def(
       "decode_inputs",

@@ -26,6 +26,10 @@ from vllm import _custom_ops as ops  # noqa: E402
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
+# The block sizes vLLM's CPU backend takes, from vLLM itself (MultipleOf(32)).
+from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend  # noqa: E402
+
+KERNEL_BLOCK = CPUAttentionBackend.get_supported_kernel_block_sizes()[0].base
 
 
 def vectors(tokens, position, dtype):
@@ -126,7 +130,7 @@ def test_vllm_cpu_attention_runs_prepacks_steps_exactly(block_size, dtype, n_blo
     while not sched.idle:
         st = sched.next_step()
         s = st.inputs
-        form = prepack.vllm.make_step(s)  # requests in vLLM's batch order
+        form = prepack.vllm.make_step(s, block_size_multiple=KERNEL_BLOCK)  # vLLM's batch order
         qsl = form["query_start_loc"]
         req_of_token = np.repeat(form["req_ids"], np.diff(qsl))
         qkv = [vectors(tokens[int(rid)], int(pos), dtype)
@@ -181,3 +185,43 @@ def test_vllm_cpu_attention_runs_prepacks_steps_exactly(block_size, dtype, n_blo
     # The cache layout, where vLLM writes it with its "vec" kernels (x86 without AMX).
     print(f"ISA {engine.isa}: cache writes compared bit for bit in {engine.layout_checked} steps")
     assert engine.layout_checked == steps or engine.isa != "vec"
+
+
+def test_a_prefix_hit_on_a_block_written_in_the_same_step(dtype=torch.float32):
+    """vLLM schedules a prefix-cache hit on a block another request computes in the same step,
+    and it is right there: the layer writes the step's K and V (do_kv_cache_update) before
+    attention reads them. prepack builds such a step with writes_before_reads, and vLLM's ops
+    attend over the block as written this step; without it the step is refused."""
+    block_size, n_blocks = 32, 8
+    rng = np.random.default_rng(3)
+    a = rng.integers(1, 500, 40).tolist()
+    b = a[:block_size] + rng.integers(1, 500, 9).tolist()  # b's first block is a's
+    sched = prepack.budgeted_schedule([40, 9], budget=64, contexts=[0, block_size])
+    assert sched.n_steps == 1
+    tables = prepack.BlockTables.from_lists([[1, 2], [1, 3]], block_size)
+    items = [a, b[block_size:]]
+    with pytest.raises(ValueError, match="holds context it reads, but prompt 0 writes that block"):
+        prepack.step_inputs(sched, 0, items, tables, n_blocks)
+    s = prepack.step_inputs(sched, 0, items, tables, n_blocks, writes_before_reads=True)
+    form = prepack.vllm.make_step(s)
+    engine = VllmCpuAttention(n_blocks, block_size, dtype)
+    tokens = {0: a, 1: b}
+    qsl = form["query_start_loc"]
+    req_of_token = np.repeat(form["req_ids"], np.diff(qsl))
+    qkv = [vectors(tokens[int(r)], int(p), dtype) for r, p in zip(req_of_token, form["positions"])]
+    out = engine.step(form, *(torch.stack([x[i] for x in qkv]) for i in range(3)))
+    for r in range(form["num_reqs"]):
+        rid, ctx = int(form["req_ids"][r]), int(form["num_computed_tokens"][r])
+        want = naive(tokens[rid], ctx, ctx + int(qsl[r + 1] - qsl[r]), dtype)
+        assert (out[qsl[r]:qsl[r + 1]].float() - want).abs().max().item() < 2e-5
+
+
+def test_block_sizes_the_cpu_backend_refuses_are_refused():
+    """vLLM's CPU engine refuses block size 16 ("No common block size for 16 (CPU_ATTN:
+    [MultipleOf(32)])"); so does the form asked for the CPU backend's multiple."""
+    assert KERNEL_BLOCK == 32
+    sched = prepack.budgeted_schedule([5], budget=8)
+    s = prepack.step_inputs(sched, 0, [[1, 2, 3, 4, 5]], prepack.BlockTables.from_lists([[1]], 16), 4)
+    with pytest.raises(ValueError, match="block size 16 is not a multiple of 32"):
+        prepack.vllm.make_step(s, block_size_multiple=KERNEL_BLOCK)
+    prepack.vllm.make_step(s)  # unchecked without it (FlashAttention takes 16)

@@ -26,7 +26,8 @@
 //                      ignores it)
 // Batch order: vLLM's backends that split a batch (split_decodes_and_prefills in
 // vllm/v1/attention/backends/utils.py: FlashInfer, MLA, ...) need it ordered as
-// reorder_batch_to_split_decodes_and_prefills leaves it: decodes (done prefilling, one token),
+// reorder_batch_to_split_decodes_and_prefills leaves it: decodes (one token, done prefilling:
+// num_computed_tokens >= num_prompt_tokens, prepack's context_lens >= prompt_lens),
 // short extends (one token of a prompt over cached context), long extends (more, over cached
 // context), prefills (nothing cached). make_step orders requests so, keeping the step's order
 // within each region. Refused, as vLLM would fail on them: a step with no request
@@ -85,6 +86,11 @@ struct options {
   /// step's token count (non-decreasing), seq_lens and num_computed_tokens with 0, and the
   /// block table with rows of 0 (the null block). 0: no padding. Throws if below the requests.
   std::size_t num_reqs_padded = 0;
+  /// The block size vLLM's attention backend takes, as a multiple (its
+  /// get_supported_kernel_block_sizes: MultipleOf(32) for the CPU backend, whose default block
+  /// is 128; MultipleOf(16) for FlashAttention). 0: not checked. Throws if the step's block
+  /// size is not one.
+  std::size_t block_size_multiple = 0;
 };
 
 /// vLLM's region of a step's sequence q in its batch order: 0 decode, 1 short extend, 2 long
@@ -93,7 +99,8 @@ template <class Token, class Index>
 int batch_region(const step_inputs<Token, Index>& in, std::size_t q) {
   if (in.context_lens[q] == 0) return 3;
   if (in.query_lens[q] > 1) return 2;
-  return in.decodes[q] ? 0 : 1;
+  // done prefilling: num_computed_tokens >= num_prompt_tokens (prompt_lens is that count)
+  return in.context_lens[q] >= in.prompt_lens[q] ? 0 : 1;
 }
 
 /// The step in vLLM v1's form, requests in vLLM's batch order. Throws prepack::error for an
@@ -105,6 +112,9 @@ step_metadata make_step(const step_inputs<Token, Index>& in, const options& opt 
   using prepack::detail::require;
   const std::size_t n = in.n_seqs(), t = in.n_tokens();
   require(n > 0, "vllm: a step with no requests (vLLM's _prepare_inputs asserts num_reqs > 0)");
+  require(opt.block_size_multiple == 0 || in.tables.block_size % opt.block_size_multiple == 0,
+          "vllm: block size ", in.tables.block_size, " is not a multiple of ",
+          opt.block_size_multiple, ", as the attention backend needs");
   for (std::size_t q = 0; q < n; ++q) {
     const auto row = in.tables.blocks(q);
     for (std::size_t k = 0; k < row.size(); ++k) {
