@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "prepack/prepack.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 #include "support/workload.hpp"
 
 namespace {

@@ -61,7 +61,7 @@
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
 #include "report.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 #include "support/workload.hpp"
 #ifdef PREPACK_BENCH_CHECKPOINTS
 #include "prepack/checkpoint.hpp"

@@ -32,7 +32,7 @@
 #include "machine.hpp"
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 #include "support/trace.hpp"
 #include "support/workload.hpp"
 

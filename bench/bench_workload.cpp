@@ -16,13 +16,30 @@
 
 int main(int argc, char** argv) {
   return support::guarded_main("bench_workload", [&] {
-    const support::args a(argc, argv, {"--profile", "--batch", "--seed", "--max-len", "--vocab"},
-                          {"--lengths-only"});
-    const std::string name = a.str("--profile", "heavy-cut");
-    const auto n = static_cast<std::size_t>(a.integer("--batch", 32, 1, 10000000));
-    const auto seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, 1ll << 62));
-    const int max_len = static_cast<int>(a.integer("--max-len", 512, 8, 1 << 20));
-    const int vocab = static_cast<int>(a.integer("--vocab", 32000, 2, 1 << 30));
+    std::string name = "heavy-cut";
+    std::size_t n = 32;
+    std::uint64_t seed = 1;
+    int max_len = 512, vocab = 32000;
+    bool lengths_only = false;
+    CLI::App app{"", "bench_workload"};
+    support::configure(app, "bench_workload - print a seeded benchmark workload as JSON", "");
+    app.add_option("--profile", name, "a profile of support/workload.hpp (default heavy-cut)")
+        ->check(support::text())
+        ->type_name("NAME");
+    app.add_option("--batch", n, "prompts (default 32)")
+        ->check(support::integer(1, 10000000))
+        ->type_name("N");
+    app.add_option("--seed", seed, "seed (default 1)")
+        ->check(support::integer(0, 1ll << 62))
+        ->type_name("S");
+    app.add_option("--max-len", max_len, "the profile's length scale (default 512)")
+        ->check(support::integer(8, 1 << 20))
+        ->type_name("N");
+    app.add_option("--vocab", vocab, "token ids below this (default 32000)")
+        ->check(support::integer(2, 1 << 30))
+        ->type_name("N");
+    app.add_flag("--lengths-only", lengths_only, "print the lengths only");
+    if (!support::parse(app, argc, argv)) return 0;
     std::vector<std::vector<int>> prompts;
     std::vector<int> lengths;
     support::prefix_profile pp{};
@@ -31,11 +48,11 @@ int main(int argc, char** argv) {
       for (const auto& p : prompts) lengths.push_back(static_cast<int>(p.size()));
     } else {
       lengths = support::generate_lengths(support::parse_profile(name), n, seed, max_len);
-      if (!a.has("--lengths-only")) prompts = support::generate_prompts(lengths, vocab, seed);
+      if (!lengths_only) prompts = support::generate_prompts(lengths, vocab, seed);
     }
     nlohmann::json out;
     out["lengths"] = lengths;
-    if (!a.has("--lengths-only")) out["prompts"] = prompts;
+    if (!lengths_only) out["prompts"] = prompts;
     std::puts(out.dump().c_str());
     return 0;
   });

@@ -15,7 +15,7 @@
 
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 #include "support/workload.hpp"
 
 namespace ref = prepack::reference;

@@ -10,7 +10,7 @@
 //   budgeted   one budgeted schedule of every prompt (chunking::fill, N tokens a step), each step
 //              a llama_batch from llama_cpp::make_batch, sequence id = the prompt's index;
 //   prefixes   make_prefix_plan's shared prefixes prefilled once, handed to the other sharers by
-//              llama_kv_cache_seq_cp (llama_memory_seq_cp in newer releases) from
+//              llama_memory_seq_cp (llama.h's name since llama_kv_cache_seq_cp was removed) from
 //              llama_cpp::make_prefix_steps, then each prompt's own rest.
 // For each, every prompt must get exactly one logits row and llama_decode must accept every batch
 // (exit 1 otherwise). The logits are compared with `alone` next to llama.cpp's own spread: each
@@ -144,17 +144,24 @@ std::vector<std::vector<int>> seeded_prompts(int n_vocab) {
 }
 
 int run(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]).rfind("--", 0) == 0) {
-    throw support::usage_error("usage: llama_cpp_batches MODEL.gguf [--budget N]");
-  }
+  std::string path;
   std::size_t budget = 128;
-  if (argc == 4 && std::string(argv[2]) == "--budget") {
-    budget = static_cast<std::size_t>(std::stoul(argv[3]));
-  } else if (argc != 2) {
-    throw support::usage_error("usage: llama_cpp_batches MODEL.gguf [--budget N]");
-  }
+  CLI::App app{"", "llama_cpp_batches"};
+  support::configure(app,
+                     "llama_cpp_batches - prepack's llama.cpp form driving a real libllama: "
+                     "budgeted and shared-prefix batches\nagainst each prompt alone",
+                     "Exit codes: 0 ok; 1 a batch refused or a logits row missing; 2 bad flags or "
+                     "input.");
+  app.add_option("model", path, "a GGUF file llama.cpp can load")
+      ->required()
+      ->check(support::text())
+      ->type_name("MODEL.gguf");
+  app.add_option("--budget", budget, "tokens a budgeted step holds (default 128)")
+      ->check(support::integer(1, 1 << 20))
+      ->type_name("N");
+  if (!support::parse(app, argc, argv)) return 0;
   llama_backend_init();
-  const model_handle owner(argv[1]);
+  const model_handle owner(path.c_str());
   llama_model* model = owner.m;
   const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
   const auto prompts = seeded_prompts(n_vocab);
@@ -169,9 +176,9 @@ int run(int argc, char** argv) {
   std::vector<std::vector<float>> alone(n);
   agreement spread;
   for (std::size_t i = 0; i < n; ++i) {
-    llama_kv_cache_clear(c.ctx);
+    llama_memory_clear(llama_get_memory(c.ctx), true);
     alone[i] = decode_by_hand(c.ctx, prompts[i], 0, true, n_vocab);
-    llama_kv_cache_clear(c.ctx);
+    llama_memory_clear(llama_get_memory(c.ctx), true);
     for (std::size_t j = 0; j < n; ++j) {
       if (j != i) decode_by_hand(c.ctx, prompts[j], static_cast<llama_seq_id>(j), false, n_vocab);
     }
@@ -189,7 +196,7 @@ int run(int argc, char** argv) {
   std::vector<std::int64_t> ids(n);
   for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int64_t>(i);
   {
-    llama_kv_cache_clear(c.ctx);
+    llama_memory_clear(llama_get_memory(c.ctx), true);
     std::vector<std::size_t> len;
     for (const auto& p : prompts) len.push_back(p.size());
     const auto sched = prepack::budgeted_schedule(len, {budget, prepack::chunking::fill});
@@ -212,7 +219,7 @@ int run(int argc, char** argv) {
         sched.n_steps(), each_once ? "yes" : "NO", a.max_rel, a.argmax_differs, a.rows);
   }
   {
-    llama_kv_cache_clear(c.ctx);
+    llama_memory_clear(llama_get_memory(c.ctx), true);
     const auto plan = prepack::make_prefix_plan(prompts, {16, 16, 0});
     const auto sched = prepack::budgeted_schedule(plan.items, {budget, prepack::chunking::fill});
     const auto steps = lc::make_prefix_steps(plan, sched, prompts, span<const std::int64_t>(ids));
@@ -235,7 +242,7 @@ int run(int argc, char** argv) {
         }
       }
       for (const lc::seq_copy& cp : st.copies_after) {
-        llama_kv_cache_seq_cp(c.ctx, cp.src, cp.dst, cp.p0, cp.p1);
+        llama_memory_seq_cp(llama_get_memory(c.ctx), cp.src, cp.dst, cp.p0, cp.p1);
         ++copies;
       }
     }

@@ -41,51 +41,6 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-const char* kUsage =
-    R"(prepack_demo - padded vs prepacked vs budgeted prefill on the reference model
-
-Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1):
-  --prompts FILE      one prompt per line, token ids separated by spaces ('#' comments)
-  --text FILE         one prompt per line as UTF-8 text (leading spaces kept; \n, \t, \\
-                      escapes), tokenized by --model's own tokenizer; continuations are
-                      printed as text
-  --tokenize FILE     print each line's token ids under --model's tokenizer (no BOS; an empty
-                      line gives an empty line) and exit;
-                      works on a vocabulary-only GGUF
-  --profile NAME      equal | mild | heavy | heavy-cut | one-long, or, with shared prefixes in
-                      the token ids, few-shot | system-prompt
-  --batch N           prompts to generate (1..100000, default 64)
-  --max-len N         the profile's length scale (8..65536, default 512)
-  --seed S            workload and weight seed (default 1)
-)";
-
-const char* kMethods = R"(Method:
-  --capacity N        tokens per packed row (default: the longest prompt); with --max-pad,
-                      the widest row allowed
-  --max-pad F         widen rows past the longest prompt until pad slots are at most F x the
-                      tokens (0.05: 5%), as narrow as that allows (prepack::fitted_plan)
-  --packer ffd|bfd    first-fit-decreasing (default) or best-fit-decreasing
-  --attention dense|segment
-                      prepacked attention: per-row block-diagonal mask (the paper's) or
-                      each prompt's causal block only (default segment); the padded baseline
-                      always runs the dense mask, as Hugging Face does
-  --budget N          also run budgeted steps of at most N tokens over a paged KV pool
-                      (prefix-free varlen forward passes, long prompts chunked)
-  --policy whole|fill whole prompts first (default) or every step filled to the budget
-  --block-size N      the pool's block size in tokens (default 16)
-  --prefix            also run prefix-aware prefill: the batch's shared prefixes (found in the
-                      token ids) prefilled once, block-aligned, then the suffixes over them;
-                      with --budget, in steps of that budget (default: prefixes, then suffixes)
-  --new-tokens N      greedy tokens per prompt to compare (default 8)
-  --repeat N          time each method N times, report the fastest (default 1)
-Output:
-  --json              one JSON object on stdout instead of the report
-  --logits FILE       write each prompt's last-token logits of the prepacked prefill, raw
-                      float32 [n_prompts][vocab] in prompt order
-Exit codes: 0 ok; 1 a method's results disagree with prefilling alone (or an internal error);
-2 bad flags or input.
-)";
-
 // What the flags ask for, besides the model.
 struct options {
   support::model_choice model;
@@ -102,32 +57,171 @@ struct options {
   std::string logits_file;
 };
 
-options parse_flags(const support::args& a) {
+// The flags as given.
+struct flags {
+  support::model_flags model;
+  support::plan_flags plan;
+  std::string prompts, text, tokenize, profile = "heavy-cut";
+  std::size_t batch = 64;
+  int max_len = 512;
+  std::uint64_t seed = 1;
+  std::optional<int> capacity;
+  std::string packer = "ffd", attention = "segment", policy = "whole";
+  std::optional<std::size_t> budget;
+  std::size_t block_size = 16;
+  bool prefix = false, json = false;
+  int new_tokens = 8, repeat = 1;
+  std::string logits;
+  // Given on the command line: --max-len; --policy or --block-size.
+  bool max_len_given = false, pool_given = false;
+};
+
+void add_workload_flags(CLI::App& app, flags& f) {
+  using support::integer;
+  const std::string group =
+      "Workload (default: 64 prompts of profile heavy-cut, max length 512, seed 1)";
+  CLI::Option* prompts =
+      app.add_option("--prompts", f.prompts,
+                     "one prompt per line, token ids separated by spaces ('#' comments)")
+          ->check(support::text())
+          ->type_name("FILE")
+          ->group(group);
+  CLI::Option* text =
+      app.add_option("--text", f.text,
+                     "one prompt per line as UTF-8 text (leading spaces kept; \\n, \\t, \\\\\n"
+                     "escapes), tokenized by --model's own tokenizer; continuations are\n"
+                     "printed as text")
+          ->check(support::text())
+          ->type_name("FILE")
+          ->group(group);
+  app.add_option("--tokenize", f.tokenize,
+                 "print each line's token ids under --model's tokenizer (no BOS; an empty\n"
+                 "line gives an empty line) and exit;\n"
+                 "works on a vocabulary-only GGUF")
+      ->check(support::text())
+      ->type_name("FILE")
+      ->group(group);
+  const std::vector<CLI::Option*> generator{
+      app.add_option("--profile", f.profile,
+                     "equal | mild | heavy | heavy-cut | one-long, or, with shared prefixes in\n"
+                     "the token ids, few-shot | system-prompt")
+          ->check(support::text())
+          ->type_name("NAME"),
+      app.add_option("--batch", f.batch, "prompts to generate (1..100000, default 64)")
+          ->check(integer(1, 100000))
+          ->type_name("N"),
+      app.add_option("--max-len", f.max_len, "the profile's length scale (8..65536, default 512)")
+          ->check(integer(8, 65536))
+          ->type_name("N")};
+  for (CLI::Option* o : generator) o->group(group)->excludes(prompts)->excludes(text);
+  text->excludes(prompts);
+  app.add_option("--seed", f.seed, "workload and weight seed (default 1)")
+      ->check(integer(0, 1ll << 62))
+      ->type_name("S")
+      ->group(group);
+}
+
+void add_method_flags(CLI::App& app, flags& f) {
+  using support::integer;
+  const std::string group = "Method";
+  app.add_option("--capacity", f.capacity,
+                 "tokens per packed row (default: the longest prompt); with --max-pad,\n"
+                 "the widest row allowed")
+      ->check(integer(0, 1 << 24))
+      ->type_name("N")
+      ->group(group);
+  support::add_max_pad(app, f.plan,
+                       "widen rows past the longest prompt until pad slots are at most F x the\n"
+                       "tokens (0.05: 5%), as narrow as that allows (prepack::fitted_plan)")
+      ->group(group);
+  const std::vector<std::string> packers{"ffd", "bfd"}, attentions{"dense", "segment"},
+      policies{"whole", "fill"};
+  app.add_option("--packer", f.packer, "first-fit-decreasing (default) or best-fit-decreasing")
+      ->check(support::one_of(packers))
+      ->type_name(support::choices(packers))
+      ->group(group);
+  app.add_option("--attention", f.attention,
+                 "prepacked attention: per-row block-diagonal mask (the paper's) or\n"
+                 "each prompt's causal block only (default segment); the padded baseline\n"
+                 "always runs the dense mask, as Hugging Face does")
+      ->check(support::one_of(attentions))
+      ->type_name(support::choices(attentions))
+      ->group(group);
+  app.add_option("--budget", f.budget,
+                 "also run budgeted steps of at most N tokens over a paged KV pool\n"
+                 "(prefix-free varlen forward passes, long prompts chunked)")
+      ->check(integer(1, 1ll << 30))
+      ->type_name("N")
+      ->group(group);
+  app.add_option("--policy", f.policy,
+                 "whole prompts first (default) or every step filled to the budget")
+      ->check(support::one_of(policies))
+      ->type_name(support::choices(policies))
+      ->group(group);
+  app.add_option("--block-size", f.block_size, "the pool's block size in tokens (default 16)")
+      ->check(integer(1, 1 << 16))
+      ->type_name("N")
+      ->group(group);
+  app.add_flag("--prefix", f.prefix,
+               "also run prefix-aware prefill: the batch's shared prefixes (found in the\n"
+               "token ids) prefilled once, block-aligned, then the suffixes over them;\n"
+               "with --budget, in steps of that budget (default: prefixes, then suffixes)")
+      ->group(group);
+  app.add_option("--new-tokens", f.new_tokens, "greedy tokens per prompt to compare (default 8)")
+      ->check(integer(1, 4096))
+      ->type_name("N")
+      ->group(group);
+  app.add_option("--repeat", f.repeat, "time each method N times, report the fastest (default 1)")
+      ->check(integer(1, 100))
+      ->type_name("N")
+      ->group(group);
+  app.add_flag("--json", f.json, "one JSON object on stdout instead of the report")
+      ->group("Output");
+  app.add_option("--logits", f.logits,
+                 "write each prompt's last-token logits of the prepacked prefill, raw\n"
+                 "float32 [n_prompts][vocab] in prompt order")
+      ->check(support::text())
+      ->type_name("FILE")
+      ->group("Output");
+}
+
+// The flags of the command line; nothing when --help was asked for.
+std::optional<flags> parse_flags(int argc, char** argv) {
+  flags f;
+  CLI::App app{"", "prepack_demo"};
+  support::configure(
+      app, "prepack_demo - padded vs prepacked vs budgeted prefill on the reference model",
+      "Exit codes: 0 ok; 1 a method's results disagree with prefilling alone (or an "
+      "internal error);\n2 bad flags or input.");
+  add_workload_flags(app, f);
+  support::add_model_flags(app, f.model);
+  add_method_flags(app, f);
+  if (!support::parse(app, argc, argv)) return std::nullopt;
+  f.max_len_given = support::given(app, "--max-len");
+  f.pool_given = support::given(app, "--policy") || support::given(app, "--block-size");
+  return f;
+}
+
+// What the flags ask for, the model's headers read.
+options make_options(const flags& f) {
   options o;
-  o.seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, (1ll << 62)));
-  o.model = support::parse_model(a, o.seed);
-  o.json = a.has("--json");
-  o.new_tokens = static_cast<int>(a.integer("--new-tokens", 8, 1, 4096));
-  o.repeat = static_cast<int>(a.integer("--repeat", 1, 1, 100));
-  o.packer = a.choice("--packer", "ffd", {"ffd", "bfd"}) == "bfd"
-                 ? prepack::packer::best_fit_decreasing
-                 : prepack::packer::first_fit_decreasing;
-  o.path = a.choice("--attention", "segment", {"dense", "segment"}) == "dense"
-               ? ref::attention::dense
-               : ref::attention::segment;
-  if (a.has("--budget"))
-    o.budget = static_cast<std::size_t>(a.integer("--budget", 512, 1, 1ll << 30));
-  o.policy = a.choice("--policy", "whole", {"whole", "fill"}) == "fill"
-                 ? prepack::chunking::fill
-                 : prepack::chunking::whole_first;
-  o.block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 16));
-  o.prefix = a.has("--prefix");
-  if (!o.budget && !o.prefix && (a.has("--policy") || a.has("--block-size"))) {
+  o.seed = f.seed;
+  o.model = support::parse_model(f.model, o.seed);
+  o.json = f.json;
+  o.new_tokens = f.new_tokens;
+  o.repeat = f.repeat;
+  o.packer = f.packer == "bfd" ? prepack::packer::best_fit_decreasing
+                               : prepack::packer::first_fit_decreasing;
+  o.path = f.attention == "dense" ? ref::attention::dense : ref::attention::segment;
+  o.budget = f.budget;
+  o.policy = f.policy == "fill" ? prepack::chunking::fill : prepack::chunking::whole_first;
+  o.block_size = f.block_size;
+  o.prefix = f.prefix;
+  if (!o.budget && !o.prefix && f.pool_given) {
     throw support::usage_error("--policy and --block-size go with --budget or --prefix");
   }
-  const long long cap = a.integer("--capacity", 0, 0, 1 << 24);
-  if (a.has("--capacity")) o.capacity = static_cast<int>(cap);
-  o.logits_file = a.str("--logits", "");
+  o.capacity = f.capacity;
+  o.logits_file = f.logits;
   return o;
 }
 
@@ -149,17 +243,13 @@ struct workload {
   }
 };
 
-workload load_workload(const support::args& a, const options& o) {
+workload load_workload(const flags& f, const options& o) {
   workload w;
   const int vocab = o.model.cfg.vocab;
-  if (a.has("--text")) {
+  if (!f.text.empty()) {
 #ifdef PREPACK_SUPPORT_TEXT
-    if (a.has("--prompts") || a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
-      throw support::usage_error(
-          "--text cannot be combined with --prompts, --profile, --batch or --max-len");
-    }
     if (o.model.path.empty()) throw support::usage_error("--text needs --model (its tokenizer)");
-    const std::string file = a.str("--text", "");
+    const std::string& file = f.text;
     w.tok.emplace(prepack::text::load_tokenizer(o.model.path));
     for (const auto& line : support::read_text_lines(file)) {
       std::vector<std::int32_t> ids = w.tok->encode(line.text);
@@ -180,12 +270,8 @@ workload load_workload(const support::args& a, const options& o) {
     throw support::usage_error("--text needs a build with prepack::text (libpcre2-dev)");
 #endif
   }
-  if (a.has("--prompts")) {
-    if (a.has("--profile") || a.has("--batch") || a.has("--max-len")) {
-      throw support::usage_error(
-          "--prompts cannot be combined with --profile, --batch or --max-len");
-    }
-    const std::string file = a.str("--prompts", "");
+  if (!f.prompts.empty()) {
+    const std::string& file = f.prompts;
     std::ifstream in(file);
     if (!in) throw support::usage_error("cannot open '" + file + "'");
     for (auto& rec : support::read_records(in, file, "token id", vocab)) {
@@ -195,17 +281,16 @@ workload load_workload(const support::args& a, const options& o) {
     w.name = file;
     return w;
   }
-  const std::string name = a.str("--profile", "heavy-cut");
-  const auto n = static_cast<std::size_t>(a.integer("--batch", 64, 1, 100000));
+  const std::string& name = f.profile;
+  const std::size_t n = f.batch;
   support::prefix_profile pp{};
   if (support::parse_prefix_profile(name, pp)) {
-    if (a.has("--max-len")) throw support::usage_error("--max-len does not apply to " + name);
+    if (f.max_len_given) throw support::usage_error("--max-len does not apply to " + name);
     w.prompts = support::generate_prefixed_prompts(pp, n, vocab, o.seed);
     for (const auto& p : w.prompts) w.lengths.push_back(static_cast<int>(p.size()));
   } else {
     const auto profile = support::parse_profile(name);
-    const int max_len = static_cast<int>(a.integer("--max-len", 512, 8, 65536));
-    w.lengths = support::generate_lengths(profile, n, o.seed, max_len);
+    w.lengths = support::generate_lengths(profile, n, o.seed, f.max_len);
   }
   w.name = "profile " + name + ", seed " + std::to_string(o.seed);
   return w;
@@ -642,13 +727,12 @@ void report_text(const options& o, const workload& w, const plan_facts& f, outco
 
 // --tokenize FILE: each line's token ids under --model's tokenizer, no BOS; nothing else read
 // from the model (a vocabulary-only GGUF is enough).
-int tokenize(const support::args& a) {
+int tokenize(const flags& f) {
 #ifdef PREPACK_SUPPORT_TEXT
-  const std::string model = a.str("--model", "");
+  const std::string& model = f.model.path;
   if (model.empty()) throw support::usage_error("--tokenize needs --model (its tokenizer)");
   const auto tok = prepack::text::load_tokenizer(model);
-  for (const auto& line :
-       support::read_text_lines(a.str("--tokenize", ""), support::line_kind::texts)) {
+  for (const auto& line : support::read_text_lines(f.tokenize, support::line_kind::texts)) {
     const auto ids = tok.encode(line.text, {false});
     std::string out;
     for (std::int32_t id : ids) out += (out.empty() ? "" : " ") + std::to_string(id);
@@ -656,26 +740,17 @@ int tokenize(const support::args& a) {
   }
   return 0;
 #else
-  (void)a;
+  (void)f;
   throw support::usage_error("--tokenize needs a build with prepack::text (libpcre2-dev)");
 #endif
 }
 
 int demo(int argc, char** argv) {
-  const support::args a(
-      argc, argv,
-      support::with({"--prompts", "--profile", "--batch", "--max-len", "--seed", "--capacity",
-                     "--packer", "--attention", "--new-tokens", "--repeat", "--max-pad", "--budget",
-                     "--policy", "--block-size", "--logits", "--text", "--tokenize"},
-                    support::model_valued_flags()),
-      support::with({"--json", "--help", "--prefix"}, support::model_switches()));
-  if (a.has("--help")) {
-    std::cout << kUsage << support::model_help() << kMethods;
-    return 0;
-  }
-  if (a.has("--tokenize")) return tokenize(a);
-  const options o = parse_flags(a);
-  workload w = load_workload(a, o);
+  const std::optional<flags> f = parse_flags(argc, argv);
+  if (!f) return 0;
+  if (!f->tokenize.empty()) return tokenize(*f);
+  const options o = make_options(*f);
+  workload w = load_workload(*f, o);
   if (o.capacity && *o.capacity < w.longest()) {
     throw support::usage_error("--capacity " + std::to_string(*o.capacity) +
                                " is below the longest prompt (" + std::to_string(w.longest()) +
@@ -684,12 +759,12 @@ int demo(int argc, char** argv) {
   const std::optional<int> capacity =
       o.capacity && *o.capacity > 0 ? o.capacity : std::optional<int>();
   const auto packed_plan = [&] {
-    return support::plan_from_flags(a, o.packer, w.lengths, capacity);
+    return support::plan_from_flags(f->plan, o.packer, w.lengths, capacity);
   };
   plan_facts facts;
   facts.plan = packed_plan();  // for the report (the timed runs plan again: it is part of the cost)
-  facts.fitted = a.has("--max-pad");
-  facts.max_pad = a.str("--max-pad", "");
+  facts.fitted = f->plan.max_pad.has_value();
+  facts.max_pad = f->plan.max_pad_text;
   facts.padded_slots = w.lengths.size() * static_cast<std::size_t>(w.longest());
   admit(o, w, facts.plan);
   if (w.prompts.empty())

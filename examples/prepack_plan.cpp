@@ -20,37 +20,58 @@
 
 namespace {
 
-const char* kHelp = R"(prepack_plan - plan prompt lengths into packed rows
-
-  --lengths FILE        prompt lengths, separated by spaces, commas or newlines ('#' comments);
-                        '-' or absent: standard input
-  --capacity N          tokens per row (default: the longest prompt); with --max-pad, the
-                        widest row allowed
-  --max-pad F           widen rows past the longest prompt until pad slots are at most
-                        F x the tokens (0.05: 5%), as narrow as that allows (fitted_plan)
-  --packer ffd|bfd|both which planner(s) to run (default both)
-  --format summary|json|csv
-                        summary (default): totals per planner; json: totals and every row;
-                        csv: one line per prompt (packer,prompt,length,row,offset)
-Exit codes: 0 ok; 2 bad flags or input.
-)";
-
 struct named_plan {
   const char* name;
   prepack::pack_plan<long long> plan;
 };
 
+// What the flags ask for.
+struct options {
+  std::string lengths = "-";
+  std::optional<long long> capacity;
+  support::plan_flags plan;
+  std::string packer = "both", format = "summary";
+};
+
+// The options of the command line; nothing when --help was asked for.
+std::optional<options> parse(int argc, char** argv) {
+  options o;
+  CLI::App app{"", "prepack_plan"};
+  support::configure(app, "prepack_plan - plan prompt lengths into packed rows",
+                     "Exit codes: 0 ok; 2 bad flags or input.");
+  app.add_option("--lengths", o.lengths,
+                 "prompt lengths, separated by spaces, commas or newlines ('#' comments);\n"
+                 "'-' or absent: standard input")
+      ->check(support::text())
+      ->type_name("FILE");
+  app.add_option("--capacity", o.capacity,
+                 "tokens per row (default: the longest prompt); with --max-pad, the\n"
+                 "widest row allowed")
+      ->check(support::integer(1, 1ll << 40))
+      ->type_name("N");
+  support::add_max_pad(app, o.plan,
+                       "widen rows past the longest prompt until pad slots are at most\n"
+                       "F x the tokens (0.05: 5%), as narrow as that allows (fitted_plan)");
+  const std::vector<std::string> packers{"ffd", "bfd", "both"}, formats{"summary", "json", "csv"};
+  app.add_option("--packer", o.packer, "which planner(s) to run (default both)")
+      ->check(support::one_of(packers))
+      ->type_name(support::choices(packers));
+  app.add_option("--format", o.format,
+                 "summary (default): totals per planner; json: totals and every row;\n"
+                 "csv: one line per prompt (packer,prompt,length,row,offset)")
+      ->check(support::one_of(formats))
+      ->type_name(support::choices(formats));
+  if (!support::parse(app, argc, argv)) return std::nullopt;
+  return o;
+}
+
 int run(int argc, char** argv) {
-  const support::args a(
-      argc, argv, {"--lengths", "--capacity", "--packer", "--format", "--max-pad"}, {"--help"});
-  if (a.has("--help")) {
-    std::cout << kHelp;
-    return 0;
-  }
-  const std::string which = a.choice("--packer", "both", {"ffd", "bfd", "both"});
-  const std::string format = a.choice("--format", "summary", {"summary", "json", "csv"});
-  const long long cap = a.integer("--capacity", 0, 1, 1ll << 40);
-  const std::string file = a.str("--lengths", "-");
+  const std::optional<options> parsed = parse(argc, argv);
+  if (!parsed) return 0;
+  const options& o = *parsed;
+  const std::string& which = o.packer;
+  const std::string& format = o.format;
+  const std::string& file = o.lengths;
 
   std::ifstream f;
   if (file != "-") {
@@ -69,13 +90,12 @@ int run(int argc, char** argv) {
       len.push_back(v);
     }
   }
-  const std::optional<long long> capacity =
-      a.has("--capacity") ? std::optional<long long>(cap) : std::nullopt;
+  const std::optional<long long> capacity = o.capacity;
   std::vector<named_plan> plans;
   for (const auto& [name, kind] : {std::pair{"ffd", prepack::packer::first_fit_decreasing},
                                    std::pair{"bfd", prepack::packer::best_fit_decreasing}}) {
     if (which == "both" || which == name) {
-      plans.push_back({name, support::plan_from_flags(a, kind, len, capacity)});
+      plans.push_back({name, support::plan_from_flags(o.plan, kind, len, capacity)});
     }
   }
 

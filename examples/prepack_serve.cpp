@@ -28,38 +28,6 @@ using json = nlohmann::ordered_json;
 
 namespace {
 
-const char* kUsage =
-    R"(prepack_serve - continuous batching of a request stream on the reference model
-
-Requests (default: 48 of profile system-prompt, Poisson arrivals at 16 a second, 16 new tokens):
-  --trace FILE        one request a line: arrival_ms max_new_tokens token_id token_id ...
-                      ('#' starts a comment); arrivals are honoured on the trace's clock
-  --profile NAME      equal | mild | heavy | heavy-cut | one-long | few-shot | system-prompt
-  --requests N        requests to generate (default 48)
-  --rate R            arrivals a second (Poisson; 0: all at once; default 16)
-  --new-tokens N      tokens each generated request asks for (default 16)
-  --max-len N         the profile's length scale (default 256)
-  --seed S            stream and weight seed (default 1)
-Scheduler:
-  --budget N          tokens a step computes, at most (default 256)
-  --max-seqs N        sequences a step holds, at most (default 32)
-  --blocks N          KV pool blocks (default 512)
-  --block-size N      tokens a block holds (default 16)
-  --reserve N         free blocks admission leaves for running decodes (default 0)
-  --policy fcfs|packed|shortest
-                      admission: arrival order, prompts chunked (vLLM's default); whole
-                      prompts first-fit-decreasing into the room left, only what cannot fit
-                      chunked; or the shortest prompts first (default fcfs)
-  --prefix-cache on|off
-                      keep full blocks after their requests finish, for later requests with
-                      the same prefix (default on)
-Output:
-  --check             generate every request alone too; exit 1 unless every request's tokens
-                      are the same (a near-tie a rounding flips is reported, not failed)
-  --json              one JSON object on stdout
-Exit codes: 0 ok; 1 --check failed (or an internal error); 2 bad flags or input.
-)";
-
 struct options {
   support::model_choice model;
   std::uint64_t seed = 1;
@@ -106,53 +74,125 @@ check_result check_alone(const ref::model& m, const std::vector<ref::timed_reque
   return out;
 }
 
+// The flags as given, before the model and the trace are read.
+struct flags {
+  support::model_flags model;
+  std::uint64_t seed = 1;
+  std::string trace, profile = "system-prompt";
+  std::size_t requests = 48, new_tokens = 16;
+  double rate = 16.0;
+  int max_len = 256;
+  prepack::scheduler_options sched;
+  std::string policy = "fcfs", prefix_cache = "on";
+  bool check = false, json = false;
+};
+
+void add_flags(CLI::App& app, flags& f) {
+  using support::integer;
+  const std::string requests =
+      "Requests (default: 48 of profile system-prompt, Poisson arrivals at 16 a second, 16 new "
+      "tokens)";
+  CLI::Option* trace =
+      app.add_option("--trace", f.trace,
+                     "one request a line: arrival_ms max_new_tokens token_id token_id ...\n"
+                     "('#' starts a comment); arrivals are honoured on the trace's clock")
+          ->check(support::text())
+          ->type_name("FILE")
+          ->group(requests);
+  const std::vector<CLI::Option*> generated{
+      app.add_option("--profile", f.profile,
+                     "equal | mild | heavy | heavy-cut | one-long | few-shot | system-prompt")
+          ->check(support::text())
+          ->type_name("NAME"),
+      app.add_option("--requests", f.requests, "requests to generate (default 48)")
+          ->check(integer(1, 1 << 20))
+          ->type_name("N"),
+      app.add_option("--rate", f.rate, "arrivals a second (Poisson; 0: all at once; default 16)")
+          ->check(support::real(0.0, 1e6))
+          ->type_name("R"),
+      app.add_option("--new-tokens", f.new_tokens,
+                     "tokens each generated request asks for (default 16)")
+          ->check(integer(1, 1 << 16))
+          ->type_name("N"),
+      app.add_option("--max-len", f.max_len, "the profile's length scale (default 256)")
+          ->check(integer(8, 1 << 16))
+          ->type_name("N")};
+  for (CLI::Option* o : generated) o->group(requests)->excludes(trace);
+  app.add_option("--seed", f.seed, "stream and weight seed (default 1)")
+      ->check(integer(0, 1ll << 62))
+      ->type_name("S")
+      ->group(requests);
+
+  auto& so = f.sched;
+  so.token_budget = 256;
+  so.max_seqs = 32;
+  so.n_blocks = 512;
+  so.block_size = 16;
+  so.reserve_blocks = 0;
+  const std::string sched = "Scheduler";
+  const auto count = [&](const char* name, std::size_t& v, long long lo, long long hi,
+                         const char* what) {
+    app.add_option(name, v, what)->check(integer(lo, hi))->type_name("N")->group(sched);
+  };
+  count("--budget", so.token_budget, 1, 1 << 20, "tokens a step computes, at most (default 256)");
+  count("--max-seqs", so.max_seqs, 1, 1 << 16, "sequences a step holds, at most (default 32)");
+  count("--blocks", so.n_blocks, 1, 1 << 24, "KV pool blocks (default 512)");
+  count("--block-size", so.block_size, 1, 1 << 12, "tokens a block holds (default 16)");
+  count("--reserve", so.reserve_blocks, 0, 1 << 24,
+        "free blocks admission leaves for running decodes (default 0)");
+  const std::vector<std::string> policies{"fcfs", "packed", "shortest"}, on_off{"on", "off"};
+  app.add_option("--policy", f.policy,
+                 "admission: arrival order, prompts chunked (vLLM's default); whole\n"
+                 "prompts first-fit-decreasing into the room left, only what cannot fit\n"
+                 "chunked; or the shortest prompts first (default fcfs)")
+      ->check(support::one_of(policies))
+      ->type_name(support::choices(policies))
+      ->group(sched);
+  app.add_option("--prefix-cache", f.prefix_cache,
+                 "keep full blocks after their requests finish, for later requests with\n"
+                 "the same prefix (default on)")
+      ->check(support::one_of(on_off))
+      ->type_name(support::choices(on_off))
+      ->group(sched);
+
+  app.add_flag("--check", f.check,
+               "generate every request alone too; exit 1 unless every request's tokens\n"
+               "are the same (a near-tie a rounding flips is reported, not failed)")
+      ->group("Output");
+  app.add_flag("--json", f.json, "one JSON object on stdout")->group("Output");
+  support::add_model_flags(app, f.model);
+}
+
 // The options of the command line, the trace included; nothing when --help was asked for.
 std::optional<options> parse(int argc, char** argv) {
-  const support::args a(
-      argc, argv,
-      support::with({"--trace", "--profile", "--requests", "--rate", "--new-tokens", "--max-len",
-                     "--seed", "--budget", "--max-seqs", "--blocks", "--block-size", "--reserve",
-                     "--policy", "--prefix-cache"},
-                    support::model_valued_flags()),
-      support::with({"--json", "--help", "--check"}, support::model_switches()));
-  if (a.has("--help")) {
-    std::cout << kUsage << support::model_help();
-    return std::nullopt;
-  }
+  flags f;
+  CLI::App app{"", "prepack_serve"};
+  support::configure(
+      app, "prepack_serve - continuous batching of a request stream on the reference model",
+      "Exit codes: 0 ok; 1 --check failed (or an internal error); 2 bad flags or input.");
+  add_flags(app, f);
+  if (!support::parse(app, argc, argv)) return std::nullopt;
   options o;
-  o.seed = static_cast<std::uint64_t>(a.integer("--seed", 1, 0, 1ll << 62));
-  o.model = support::parse_model(a, o.seed);
-  o.check = a.has("--check");
-  o.json = a.has("--json");
-  auto& so = o.sched;
-  so.token_budget = static_cast<std::size_t>(a.integer("--budget", 256, 1, 1 << 20));
-  so.max_seqs = static_cast<std::size_t>(a.integer("--max-seqs", 32, 1, 1 << 16));
-  so.n_blocks = static_cast<std::size_t>(a.integer("--blocks", 512, 1, 1 << 24));
-  so.block_size = static_cast<std::size_t>(a.integer("--block-size", 16, 1, 1 << 12));
-  so.reserve_blocks = static_cast<std::size_t>(a.integer("--reserve", 0, 0, 1 << 24));
-  o.policy = a.choice("--policy", "fcfs", {"fcfs", "packed", "shortest"});
-  so.policy = o.policy == "packed"     ? prepack::admission::packed
-              : o.policy == "shortest" ? prepack::admission::shortest_first
-                                       : prepack::admission::fcfs;
-  so.prefix_cache = a.choice("--prefix-cache", "on", {"on", "off"}) == "on";
-  if (a.has("--trace")) {
-    for (const char* f : {"--profile", "--requests", "--rate", "--new-tokens", "--max-len"}) {
-      if (a.has(f)) throw support::usage_error(std::string(f) + " cannot be combined with --trace");
-    }
-    o.source = a.str("--trace", "");
+  o.seed = f.seed;
+  o.model = support::parse_model(f.model, o.seed);
+  o.check = f.check;
+  o.json = f.json;
+  o.sched = f.sched;
+  o.policy = f.policy;
+  o.sched.policy = o.policy == "packed"     ? prepack::admission::packed
+                   : o.policy == "shortest" ? prepack::admission::shortest_first
+                                            : prepack::admission::fcfs;
+  o.sched.prefix_cache = f.prefix_cache == "on";
+  if (!f.trace.empty()) {
+    o.source = f.trace;
     o.trace = support::read_trace(o.source, o.model.cfg.vocab, 1 << 16);
     return o;
   }
-  const std::string profile = a.str("--profile", "system-prompt");
-  const auto n = static_cast<std::size_t>(a.integer("--requests", 48, 1, 1 << 20));
-  const double rate = a.real("--rate", 16.0, 0.0, 1e6);
-  const auto new_tokens = static_cast<std::size_t>(a.integer("--new-tokens", 16, 1, 1 << 16));
-  const int max_len = static_cast<int>(a.integer("--max-len", 256, 8, 1 << 16));
-  o.trace =
-      support::generate_trace(profile, n, rate, new_tokens, o.model.cfg.vocab, max_len, o.seed);
+  o.trace = support::generate_trace(f.profile, f.requests, f.rate, f.new_tokens, o.model.cfg.vocab,
+                                    f.max_len, o.seed);
   char buf[160];
   std::snprintf(buf, sizeof buf, "profile %s, %zu requests at %g a second, seed %llu",
-                profile.c_str(), n, rate, static_cast<unsigned long long>(o.seed));
+                f.profile.c_str(), f.requests, f.rate, static_cast<unsigned long long>(o.seed));
   o.source = buf;
   return o;
 }

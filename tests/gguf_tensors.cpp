@@ -8,7 +8,7 @@
 
 #include "prepack/checkpoint/gguf.hpp"
 #include "prepack/checkpoint/mapped_file.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 
 int main(int argc, char** argv) {
   return support::guarded_main("gguf_tensors", [&] {

@@ -1,158 +1,217 @@
-// support/cli.hpp - a small command-line parser for prepack's example binaries: --flag VALUE and
-// --switch forms, integers range-checked, every mistake reported as one line naming the flag and
-// value.
+// support/cli.hpp - the example binaries' command lines, on CLI11: the conventions they share
+// (long flags only, a later repeat overrides an earlier one, --help generated from the options)
+// and validators that check every value as the text it was given, before CLI11 converts it, so
+// each mistake is one line naming the flag and the value: "--batch: 0 outside 1..100000",
+// "--heads: 'four' is not an integer", "--packer: 'nfd' is not one of ffd|bfd",
+// "--capacity: needs a value (before '--batch')".
 #pragma once
 
 #include <cerrno>
-#include <cstdint>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <new>
+#include <iostream>
+#include <memory>
 #include <optional>
-#include <set>
-#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "prepack/error.hpp"
+#include <CLI/CLI.hpp>
+
 #include "prepack/plan.hpp"
+#include "support/main.hpp"
 
 namespace support {
 
-/// A usage mistake: the binary prints what() and exits with code 2.
-struct usage_error : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+namespace detail {
 
-class args {
- public:
-  /// `valued` flags take a value, `switches` do not; anything else is an error.
-  args(int argc, char** argv, std::set<std::string> valued, std::set<std::string> switches) {
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      std::string value;
-      bool has_value = false;
-      if (a.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + a + "' (try --help)");
-      if (const auto eq = a.find('='); eq != std::string::npos) {
-        value = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        has_value = true;
-      }
-      if (switches.count(a)) {
-        if (has_value) throw usage_error(a + " takes no value");
-        values_[a] = "1";
-      } else if (valued.count(a)) {
-        if (!has_value) {
-          if (i + 1 >= argc) throw usage_error(a + " needs a value");
-          value = argv[++i];
-          // "--capacity --batch 3": the value forgotten, not a value that looks like a flag.
-          if (value.rfind("--", 0) == 0) {
-            throw usage_error(a + " needs a value (before '" + value + "')");
-          }
+// "" for a value, else why the text is a forgotten value: the next flag ("--capacity --batch 3").
+inline std::string forgotten_value(const std::string& s) {
+  if (s.rfind("--", 0) == 0) return "needs a value (before '" + s + "')";
+  return {};
+}
+
+inline std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+}  // namespace detail
+
+/// An integer in [lo, hi], written in decimal digits (an optional sign; nothing else).
+inline CLI::Validator integer(long long lo, long long hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        if (auto why = detail::forgotten_value(s); !why.empty()) return why;
+        char* end = nullptr;
+        errno = 0;
+        const long long v = std::strtoll(s.c_str(), &end, 10);
+        if (s.empty() || *end != '\0' || errno == ERANGE) return "'" + s + "' is not an integer";
+        if (v < lo || v > hi) {
+          return s + " outside " + std::to_string(lo) + ".." + std::to_string(hi);
         }
-        values_[a] = value;
-      } else {
-        throw usage_error("unknown flag '" + a + "' (try --help)");
-      }
-    }
+        return {};
+      },
+      "", "integer");
+}
+
+/// A finite number in [lo, hi].
+inline CLI::Validator real(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        if (auto why = detail::forgotten_value(s); !why.empty()) return why;
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi) {
+          return "'" + s + "' is not a number in [" + detail::number_text(lo) + ", " +
+                 detail::number_text(hi) + "]";
+        }
+        return {};
+      },
+      "", "real");
+}
+
+/// One of `options`, spelled exactly.
+inline std::string choices(const std::vector<std::string>& options);
+inline CLI::Validator one_of(std::vector<std::string> options) {
+  std::string list = choices(options);
+  return CLI::Validator(
+      [options = std::move(options), list](std::string& s) -> std::string {
+        if (auto why = detail::forgotten_value(s); !why.empty()) return why;
+        for (const auto& o : options) {
+          if (o == s) return {};
+        }
+        return "'" + s + "' is not one of " + list;
+      },
+      "", "one_of");
+}
+
+/// Any text (a path, a name) but the next flag.
+inline CLI::Validator text() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s.empty()) return "needs a value";
+        return detail::forgotten_value(s);
+      },
+      "", "text");
+}
+
+/// The values a choice flag takes, as its help shows them: "ffd|bfd".
+inline std::string choices(const std::vector<std::string>& options) {
+  std::string list;
+  for (const auto& o : options) list += (list.empty() ? "" : "|") + o;
+  return list;
+}
+
+/// --help's layout: each group under its heading, one blank line between groups, and an option
+/// as its name, its value's name and its description (CLI11's default also lists, beside the
+/// name, the options it excludes; the binaries say that in the description where it matters).
+class help_formatter : public CLI::Formatter {
+ public:
+  std::string make_group(std::string group, bool is_positional,
+                         std::vector<const CLI::Option*> opts) const override {
+    std::string out = group + ":\n";
+    for (const CLI::Option* opt : opts) out += make_option(opt, is_positional);
+    return out;
   }
-
-  bool has(const std::string& flag) const { return values_.count(flag) != 0; }
-
-  std::string str(const std::string& flag, const std::string& fallback) const {
-    const auto it = values_.find(flag);
-    return it == values_.end() ? fallback : it->second;
+  std::string make_usage(const CLI::App* app, std::string name) const override {
+    return CLI::Formatter::make_usage(app, std::move(name)) + "\n";
   }
-
-  long long integer(const std::string& flag, long long fallback, long long lo, long long hi) const {
-    const auto it = values_.find(flag);
-    if (it == values_.end()) return fallback;
-    const std::string& s = it->second;
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(s.c_str(), &end, 10);
-    if (s.empty() || *end != '\0' || errno == ERANGE) {
-      throw usage_error(flag + " '" + s + "' is not an integer");
-    }
-    if (v < lo || v > hi) {
-      throw usage_error(flag + " " + s + " outside " + std::to_string(lo) + ".." +
-                        std::to_string(hi));
-    }
-    return v;
+  std::string make_positionals(const CLI::App* app) const override {
+    std::string out = CLI::Formatter::make_positionals(app);
+    return out.empty() ? out : out + "\n";
   }
-
-  double real(const std::string& flag, double fallback, double lo, double hi) const {
-    const auto it = values_.find(flag);
-    if (it == values_.end()) return fallback;
-    char* end = nullptr;
-    const double v = std::strtod(it->second.c_str(), &end);
-    if (it->second.empty() || *end != '\0' || !(v >= lo && v <= hi)) {
-      throw usage_error(flag + " '" + it->second + "' is not a number in [" + std::to_string(lo) +
-                        ", " + std::to_string(hi) + "]");
-    }
-    return v;
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    return opt->get_type_size() != 0 && !opt->get_type_name().empty() ? " " + opt->get_type_name()
+                                                                      : std::string();
   }
-
-  std::string choice(const std::string& flag, const std::string& fallback,
-                     const std::vector<std::string>& options) const {
-    const std::string v = str(flag, fallback);
-    for (const auto& o : options) {
-      if (o == v) return v;
-    }
-    std::string list;
-    for (const auto& o : options) list += (list.empty() ? "" : "|") + o;
-    throw usage_error(flag + " '" + v + "' is not one of " + list);
-  }
-
- private:
-  std::map<std::string, std::string> values_;
 };
 
-/// The plan the shared planning flags ask for: with --max-pad F, fitted_plan at that budget
+/// An application with the binaries' conventions: `intro` heads --help, `footer` ends it.
+/// Options are added with CLI11's add_option / add_flag, each with a validator above and its
+/// value's name (type_name), grouped with ->group("heading").
+inline void configure(CLI::App& app, const std::string& intro, const std::string& footer) {
+  app.description(intro);
+  app.footer(footer);
+  app.set_help_flag("--help", "print this help and exit");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.option_defaults()->disable_flag_override();
+  auto formatter = std::make_shared<help_formatter>();
+  formatter->column_width(22);
+  app.formatter(formatter);
+}
+
+/// Parses the command line: true to go on, false when --help was printed (exit 0). Every other
+/// CLI11 error becomes a usage_error of one line (the binary exits with code 2).
+inline bool parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return true;
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return false;
+  } catch (const CLI::ExtrasError& e) {
+    const auto extras = app.remaining();
+    if (extras.empty()) throw usage_error(e.what());
+    const std::string& a = extras.front();
+    throw usage_error((a.rfind("--", 0) == 0 ? "unknown flag '" : "unexpected argument '") + a +
+                      "' (try --help)");
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11's words for two mistakes, in ours: "--capacity: 1 required N missing" (the value
+    // left off at the end of the line) and "json was given a disallowed flag override"
+    // (--json=1: a switch given a value).
+    const std::string what = e.what();
+    const auto colon = what.find(": ");
+    if (colon != std::string::npos && what.size() > 8 &&
+        what.compare(what.size() - 8, 8, " missing") == 0) {
+      throw usage_error(what.substr(0, colon) + ": needs a value");
+    }
+    if (const auto at = what.find(" was given a disallowed flag override");
+        at != std::string::npos) {
+      throw usage_error("--" + what.substr(0, at) + ": takes no value");
+    }
+    throw usage_error(what);
+  } catch (const CLI::ParseError& e) {
+    throw usage_error(e.what());
+  }
+}
+
+/// Whether `flag` was given on the command line.
+inline bool given(const CLI::App& app, const std::string& flag) { return app.count(flag) != 0; }
+
+/// The planning flags prepack_plan and prepack_demo share: --capacity and --max-pad.
+struct plan_flags {
+  std::optional<double> max_pad;  // --max-pad: a fitted plan at this pad budget
+  std::string max_pad_text;       // as given, for the report
+};
+
+/// The plan the planning flags ask for: with --max-pad F, fitted_plan at that budget
 /// (`capacity`, from --capacity, the widest row allowed); else `kind` at `capacity`.
 template <class Length>
-prepack::pack_plan<Length> plan_from_flags(const args& a, prepack::packer kind,
+prepack::pack_plan<Length> plan_from_flags(const plan_flags& f, prepack::packer kind,
                                            const std::vector<Length>& length,
                                            std::optional<Length> capacity) {
-  if (!a.has("--max-pad")) return prepack::make_plan(kind, length, capacity);
+  if (!f.max_pad) return prepack::make_plan(kind, length, capacity);
   prepack::fit_options fit;
-  fit.max_pad = a.real("--max-pad", 0.05, 0.0, 1e9);
+  fit.max_pad = *f.max_pad;
   if (capacity) fit.max_capacity = static_cast<unsigned long long>(*capacity);
   return prepack::fitted_plan(kind, length, fit);
 }
 
-/// The union of two flag sets (a binary's own flags and the shared model flags).
-inline std::set<std::string> with(std::set<std::string> a, const std::set<std::string>& b) {
-  a.insert(b.begin(), b.end());
-  return a;
-}
-
-/// Runs a binary's body and turns whatever escapes it into one line on stderr and an exit code,
-/// never std::terminate: 2 for a caller's mistake (a bad flag: usage_error; bad input:
-/// prepack::error; a workload too big for this machine's memory: std::bad_alloc), 1 for anything
-/// else (a bug, reported as such).
-template <class Body>
-int guarded_main(const char* program, Body&& body) noexcept {
-  try {
-    return body();
-  } catch (const usage_error& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (const prepack::error& e) {
-    std::fprintf(stderr, "%s: %s\n", program, e.what());
-  } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "%s: out of memory for this workload (use fewer or shorter prompts or a "
-                 "smaller model)\n",
-                 program);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: internal error: %s\n", program, e.what());
-    return 1;
-  } catch (...) {
-    std::fprintf(stderr, "%s: internal error (an unknown exception)\n", program);
-    return 1;
-  }
-  return 2;
+/// Adds --max-pad to `app`, bound to `f`.
+inline CLI::Option* add_max_pad(CLI::App& app, plan_flags& f, const std::string& description) {
+  return app
+      .add_option_function<std::string>(
+          "--max-pad",
+          [&f](const std::string& s) {
+            f.max_pad_text = s;
+            f.max_pad = std::strtod(s.c_str(), nullptr);
+          },
+          description)
+      ->check(real(0.0, 1e9))
+      ->type_name("F");
 }
 
 }  // namespace support

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <optional>
-#include <set>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -26,37 +26,67 @@ namespace support {
 
 namespace ref = prepack::reference;
 
-/// The flags parse_model reads: valued ones and switches.
-inline const std::set<std::string>& model_valued_flags() {
-  static const std::set<std::string> f{"--vocab",    "--hidden",   "--layers",  "--heads",
-                                       "--kv-heads", "--head-dim", "--ffn",     "--rope-theta",
-                                       "--model",    "--backend",  "--threads", "--memory-limit"};
-  return f;
-}
-inline const std::set<std::string>& model_switches() {
-  static const std::set<std::string> f{"--bf16"};
-  return f;
-}
+/// The model flags as given: filled by CLI11 (add_model_flags), read by parse_model.
+struct model_flags {
+  int vocab = 4096, hidden = 256, layers = 4, heads = 8, kv_heads = 2, head_dim = 32, ffn = 688;
+  double rope_theta = 10000.0;
+  std::string path;  // --model
+  bool bf16 = false;
+  std::string backend = "auto";
+  int threads = 0;
+  long long memory_limit_mib = 0;  // 0: 80% of this machine's memory
+};
 
-/// Help text for the model flags, shared by the binaries' --help.
-inline const char* model_help() {
-  return R"(Model (default: Llama-style, vocab 4096, hidden 256, 4 layers, 8 heads, 2 kv heads,
-       head dim 32, ffn 688, rope theta 10000, seeded weights):
-  --vocab N  --hidden N  --layers N  --heads N  --kv-heads N  --head-dim N  --ffn N
-  --rope-theta X
-  --model PATH        a real checkpoint instead: a .gguf file (llama, qwen2, qwen3; F32, F16,
-                      BF16 or ggml's quantized blocks) or a Hugging Face model directory
-                      (config.json + safetensors)
-  --bf16              hold the projection weights in bf16 (activations rounded to bf16,
-                      products accumulated in fp32; native where oneDNN runs bf16 here,
-                      emulated elsewhere, and the output says which)
-  --backend auto|eigen|onednn
-                      the GEMM library (default auto: oneDNN when the build has it)
-  --threads N         threads (default: all cores)
-  --memory-limit MIB  refuse, before allocating, a run estimated to need more than MIB
-                      mebibytes (default: 80% of this machine's memory); the refusal says
-                      what would fit (--bf16, a smaller model or workload)
-)";
+/// Adds the model flags to `app`, bound to `f`, under the heading "Model (default: ...)".
+/// A seeded model's shape and --model exclude each other.
+inline void add_model_flags(CLI::App& app, model_flags& f) {
+  const std::string group = "Model (default: a Llama-style model with seeded weights)";
+  const auto shape = [&](const char* name, int& v, long long lo, long long hi, const char* what) {
+    return app.add_option(name, v, what)->check(integer(lo, hi))->type_name("N")->group(group);
+  };
+  std::vector<CLI::Option*> seeded{
+      shape("--vocab", f.vocab, 2, 1 << 20, "vocabulary size (default 4096)"),
+      shape("--hidden", f.hidden, 1, 1 << 14, "hidden size (default 256)"),
+      shape("--layers", f.layers, 1, 256, "decoder layers (default 4)"),
+      shape("--heads", f.heads, 1, 1024, "query heads (default 8)"),
+      shape("--kv-heads", f.kv_heads, 1, 1024, "key-value heads, dividing --heads (default 2)"),
+      shape("--head-dim", f.head_dim, 0, 1024, "head size (default 32; 0: hidden / heads)"),
+      shape("--ffn", f.ffn, 1, 1 << 16, "feed-forward size (default 688)"),
+      app.add_option("--rope-theta", f.rope_theta, "RoPE base (default 10000)")
+          ->check(real(1.0001, 1e12))
+          ->type_name("X")
+          ->group(group)};
+  CLI::Option* model =
+      app.add_option("--model", f.path,
+                     "a real checkpoint instead: a .gguf file (llama, qwen2, qwen3; F32, F16,\n"
+                     "BF16 or ggml's quantized blocks) or a Hugging Face model directory\n"
+                     "(config.json + safetensors)")
+          ->check(text())
+          ->type_name("PATH")
+          ->group(group);
+  for (CLI::Option* o : seeded) o->excludes(model);
+  app.add_flag("--bf16", f.bf16,
+               "hold the projection weights in bf16 (activations rounded to bf16,\n"
+               "products accumulated in fp32; native where oneDNN runs bf16 here,\n"
+               "emulated elsewhere, and the output says which)")
+      ->group(group);
+  const std::vector<std::string> backends{"auto", "eigen", "onednn"};
+  app.add_option("--backend", f.backend,
+                 "the GEMM library (default auto: oneDNN when the build has it)")
+      ->check(one_of(backends))
+      ->type_name(choices(backends))
+      ->group(group);
+  app.add_option("--threads", f.threads, "threads (default: all cores)")
+      ->check(integer(0, 1024))
+      ->type_name("N")
+      ->group(group);
+  app.add_option("--memory-limit", f.memory_limit_mib,
+                 "refuse, before allocating, a run estimated to need more than MIB\n"
+                 "mebibytes (default: 80% of this machine's memory); the refusal says\n"
+                 "what would fit (--bf16, a smaller model or workload)")
+      ->check(integer(1, std::int64_t{1} << 40))
+      ->type_name("MIB")
+      ->group(group);
 }
 
 /// A model as the flags describe it, before its weights exist.
@@ -73,44 +103,39 @@ struct model_choice {
 #endif
 };
 
-/// Reads the model flags (a checkpoint's headers too, without converting a weight). Throws
-/// usage_error for a bad flag, prepack::error for a bad config or checkpoint.
-inline model_choice parse_model(const args& a, std::uint64_t seed) {
+/// The model the parsed flags describe (a checkpoint's headers read, without converting a
+/// weight). Throws usage_error for a checkpoint this build cannot read, prepack::error for a bad
+/// config or checkpoint.
+inline model_choice parse_model(const model_flags& f, std::uint64_t seed) {
   model_choice m;
   m.seed = seed;
-  m.path = a.str("--model", "");
+  m.path = f.path;
   ref::config& c = m.cfg;
   if (!m.path.empty()) {
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
-    for (const char* flag : {"--vocab", "--hidden", "--layers", "--heads", "--kv-heads",
-                             "--head-dim", "--ffn", "--rope-theta"}) {
-      if (a.has(flag)) throw usage_error(std::string(flag) + " cannot be combined with --model");
-    }
     m.info = prepack::checkpoint::inspect(m.path);
     c = m.info->cfg;
 #else
     throw usage_error("--model: this build has no checkpoint loader (needs nlohmann-json)");
 #endif
   } else {
-    c.vocab = static_cast<int>(a.integer("--vocab", 4096, 2, 1 << 20));
-    c.hidden = static_cast<int>(a.integer("--hidden", 256, 1, 1 << 14));
-    c.n_layers = static_cast<int>(a.integer("--layers", 4, 1, 256));
-    c.n_heads = static_cast<int>(a.integer("--heads", 8, 1, 1024));
-    c.n_kv_heads = static_cast<int>(a.integer("--kv-heads", 2, 1, 1024));
-    c.head_dim = static_cast<int>(a.integer("--head-dim", 32, 0, 1024));
-    c.ffn = static_cast<int>(a.integer("--ffn", 688, 1, 1 << 16));
-    c.rope_theta = a.real("--rope-theta", 10000.0, 1.0001, 1e12);
+    c.vocab = f.vocab;
+    c.hidden = f.hidden;
+    c.n_layers = f.layers;
+    c.n_heads = f.heads;
+    c.n_kv_heads = f.kv_heads;
+    c.head_dim = f.head_dim;
+    c.ffn = f.ffn;
+    c.rope_theta = f.rope_theta;
   }
   c.validate();
-  m.options.weights = a.has("--bf16") ? ref::weight_type::bf16 : ref::weight_type::f32;
-  const std::string backend = a.choice("--backend", "auto", {"auto", "eigen", "onednn"});
-  m.backend = ref::resolve(backend == "eigen"    ? ref::gemm_backend::eigen
-                           : backend == "onednn" ? ref::gemm_backend::onednn
-                                                 : ref::gemm_backend::automatic);
+  m.options.weights = f.bf16 ? ref::weight_type::bf16 : ref::weight_type::f32;
+  m.backend = ref::resolve(f.backend == "eigen"    ? ref::gemm_backend::eigen
+                           : f.backend == "onednn" ? ref::gemm_backend::onednn
+                                                   : ref::gemm_backend::automatic);
   m.options.layout = m.backend;  // the weights laid out for the backend that multiplies them
-  m.threads = static_cast<int>(a.integer("--threads", 0, 0, 1024));
-  m.memory_limit = static_cast<double>(a.integer("--memory-limit", 0, 1, std::int64_t{1} << 40)) *
-                   1024.0 * 1024.0;
+  m.threads = f.threads;
+  m.memory_limit = static_cast<double>(f.memory_limit_mib) * 1024.0 * 1024.0;
   return m;
 }
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "prepack/text/utf8.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 
 namespace support {
 

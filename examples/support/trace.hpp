@@ -12,7 +12,7 @@
 
 #include "prepack/detail/random.hpp"
 #include "prepack/reference/serve.hpp"
-#include "support/cli.hpp"
+#include "support/main.hpp"
 #include "support/workload.hpp"
 
 namespace support {
