@@ -693,6 +693,15 @@ int run(int argc, char** argv) {
               ref::onednn_available()
                   ? (ref::bf16_path(ref::gemm_backend::onednn).describe() + " on onednn").c_str()
                   : "");
+  // What bf16 costs or gains on this CPU, measured before the run on the large model's
+  // feed-forward shape: the bf16 rows below are read against it.
+  for (const ref::gemm_backend be : {ref::gemm_backend::eigen, ref::gemm_backend::onednn}) {
+    if (be == ref::gemm_backend::onednn && !ref::onednn_available()) continue;
+    const ref::bf16_speed s = ref::measure_bf16_speed(be, 128, 1024, 2816);
+    g_results.bf16_here.push_back(std::string("On ") + ref::backend_name(be) + ", " + s.describe() +
+                                  (s.faster() ? "" : ": bf16 is slower here"));
+    std::printf("%s\n", g_results.bf16_here.back().c_str());
+  }
   const auto cpu0 = machine::cpu_times::now();
   collecting_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);

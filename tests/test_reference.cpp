@@ -254,6 +254,30 @@ TEST(Reference, Bf16PathsAgreeAndFollowTheCpu) {
   }
 }
 
+// The bf16 speed probe reports what it measured and how bf16 ran (the path bf16_path names),
+// never a speed it did not time, and refuses a shape or repeat count it cannot time, naming the
+// value. Its speeds are not asserted: they are this CPU's, which is the point.
+TEST(Reference, Bf16SpeedProbeTimesBothAndRefusesBadShapes) {
+  for (ref::gemm_backend be : backends()) {
+    const ref::bf16_speed s = ref::measure_bf16_speed(be, 8, 96, 70, 1, 2);
+    EXPECT_EQ(s.path.describe(), ref::bf16_path(be).describe());
+    EXPECT_GT(s.f32_seconds, 0.0);
+    EXPECT_GT(s.bf16_seconds, 0.0);
+    EXPECT_LT(s.f32_seconds, 1e300);
+    EXPECT_DOUBLE_EQ(s.ratio(), s.f32_seconds / s.bf16_seconds);
+    EXPECT_EQ(s.faster(), s.f32_seconds > s.bf16_seconds);
+    EXPECT_EQ(s.threads, 1);
+    EXPECT_NE(s.describe().find("a 8 x 96 x 70 GEMM on 1 thread,"), std::string::npos)
+        << s.describe();
+    EXPECT_NE(s.describe().find(s.path.describe()), std::string::npos) << s.describe();
+  }
+  const auto eigen = ref::gemm_backend::eigen;
+  EXPECT_PREPACK_ERROR((void)ref::measure_bf16_speed(eigen, 0, 4, 4), "shape 0 x 4 x 4");
+  EXPECT_PREPACK_ERROR((void)ref::measure_bf16_speed(eigen, 4, 4, -1), "shape 4 x 4 x -1");
+  EXPECT_PREPACK_ERROR((void)ref::measure_bf16_speed(eigen, 4, 4, 4, 0, 0), "repeats 0");
+  EXPECT_PREPACK_ERROR((void)ref::measure_bf16_speed(eigen, 4, 4, 4, -2), "n_threads -2");
+}
+
 // A linear layer holds its weights once, in the layout it was built for (plain, or oneDNN's own
 // where oneDNN chooses one: held_by_onednn), fp32 or bf16 (2 bytes a weight, never an fp32
 // copy), and on every backend computes what the hardware of its type computes: a w summed in

@@ -7,6 +7,7 @@
 #include "reference/alone.hpp"
 #include "reference/attention.hpp"
 #include "reference/batch.hpp"
+#include "reference/bf16_speed.hpp"
 #include "reference/decode.hpp"
 #include "reference/gemm.hpp"
 #include "reference/kv_pool.hpp"
