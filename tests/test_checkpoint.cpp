@@ -113,6 +113,46 @@ TEST(Checkpoint, GgufRoundTripsEveryTypeAndLoadsTheSameFunction) {
   fs::remove_all(dir);
 }
 
+// A GGUF's quantized projections held as stored (open_options::hold_quantized): the model holds
+// the file's blocks (its projections' bytes, which inspect reports) and computes what the model
+// of the dequantized file computes, Q/K rows of llama's layout unpermuted as whole rows, biases
+// and tied embeddings included.
+TEST(Checkpoint, QuantizedProjectionsHeldAsStoredComputeTheDequantizedFunction) {
+  std::mt19937_64 rng(6);
+  const std::string dir = temp_dir("held");
+  for (const char* arch : {"llama", "qwen2"}) {
+    for (bool tied : {false, true}) {
+      const ref::config c = block_config(std::string(arch) == "qwen2", tied);
+      const ref::weights w = ref::random_weights(c, 9);
+      const std::string path = dir + "/" + arch + (tied ? "_tied" : "") + ".gguf";
+      test::write_file(path, test::gguf_bytes(c, w, {arch, test::dtype::q8_0, "held", false}));
+      const auto info = prepack::checkpoint::inspect(path);
+      EXPECT_EQ(info.quantized_projection_params, c.projection_params()) << path;
+      EXPECT_EQ(info.quantized_projection_bytes, c.projection_params() / 32 * 34) << path;
+      const auto widened_src = prepack::checkpoint::open(path);
+      const auto held_src = prepack::checkpoint::open(path, {true});
+      const ref::model widened(widened_src.info.cfg, *widened_src.weights);
+      const ref::model held(held_src.info.cfg, *held_src.weights,
+                            {ref::weight_type::f32, ref::gemm_backend::eigen});
+      EXPECT_FALSE(widened.quantized()) << path;
+      ASSERT_TRUE(held.quantized()) << path;
+      EXPECT_EQ(held.quantized_types().size(), 1u) << path;
+      EXPECT_EQ(held.quantized_types().at("Q8_0"), 7 * c.n_layers) << path;
+      // Held: every other parameter in fp32, the projections as the file's bytes.
+      EXPECT_EQ(static_cast<double>(held.weight_bytes()),
+                4.0 * (c.n_params() - c.projection_params()) + info.quantized_projection_bytes)
+          << path;
+      const auto prompts = test::random_prompts(rng, {17, 5, 40}, c.vocab);
+      const auto l =
+          prepack::make_layout(prepack::first_fit_decreasing(test::lengths_of(prompts)), prompts);
+      const auto a = widened.prefill(l), b = held.prefill(l);
+      const double scale = std::max(1.0f, a.logits.cwiseAbs().maxCoeff());
+      EXPECT_LE((a.logits - b.logits).cwiseAbs().maxCoeff() / scale, 1e-5) << path;
+    }
+  }
+  fs::remove_all(dir);
+}
+
 // The Q/K permutation matters: read as unpermuted, a llama GGUF computes another function.
 TEST(Checkpoint, PermutedQKLoadsIntoTheUnpermutedFunction) {
   std::mt19937_64 rng(4);

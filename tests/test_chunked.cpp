@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "held_weights.hpp"
 #include "reference_common.hpp"
 
 namespace {
@@ -112,7 +113,9 @@ TEST(Chunked, BudgetedStepsOverAPoolEqualPrefillingEachPromptAlone) {
     int runs = 0, chunked = 0;
     for (int trial = 0; trial < 8; ++trial) {
       const ref::config c = random_config(rng);
-      const ref::model m(c, rng());
+      const std::uint64_t seed = rng();
+      // Trials 2, 3, 6, 7 hold the projections quantized.
+      const ref::model m = (trial / 2) % 2 ? test::held_model(c, seed) : ref::model(c, seed);
       const auto len = trial % 2 ? test::heavy_tailed_lengths(rng, 6, 70)
                                  : test::random_lengths(rng, 2 + rng() % 5, 1, 60);
       const auto prompts = random_prompts(rng, len, c.vocab);
@@ -202,7 +205,8 @@ TEST(Chunked, SharedPrefixesEqualPrefillingEachPromptAlone) {
   std::size_t computed = 0, useful = 0, prefixes = 0, nested = 0;
   for (int trial = 0; trial < 24; ++trial) {
     const ref::config c = random_config(rng);
-    const ref::model m(c, rng());
+    const std::uint64_t seed = rng();
+    const ref::model m = (trial / 2) % 2 ? test::held_model(c, seed) : ref::model(c, seed);
     // Roots of planted prefixes; prompts are a root (cut, extended, or nested twice) or fresh.
     std::vector<std::vector<int>> roots;
     for (int r = 0; r < 2; ++r)
@@ -423,7 +427,8 @@ TEST(ServeLoop, EveryRequestEqualsRunningItAlone) {
         ++trial;
         ref::config c = test::random_config(rng);
         c.n_layers = 1 + trial % 2;
-        const ref::model m(c, rng());
+        const std::uint64_t seed = rng();
+        const ref::model m = (trial / 2) % 2 ? test::held_model(c, seed) : ref::model(c, seed);
         prepack::scheduler_options so;
         so.token_budget = trial % 5 == 0 ? 1 : 4 + rng() % 40;
         so.max_seqs = 1 + rng() % 6;

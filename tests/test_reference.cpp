@@ -17,6 +17,7 @@
 #include <omp.h>
 #endif
 
+#include "held_weights.hpp"
 #include "reference_common.hpp"
 
 namespace {
@@ -110,7 +111,9 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
     int near_ties = 0;
     for (int trial = 0; trial < 10; ++trial) {
       const ref::config c = random_config(rng);
-      const ref::model m(c, rng());
+      const std::uint64_t seed = rng();
+      // Odd trials hold the projections quantized (Q8_0 rows, decoded inside the GEMMs).
+      const ref::model m = trial % 2 ? test::held_model(c, seed) : ref::model(c, seed);
       const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
       const auto len = lengths_of(prompts);
       const int new_tokens = 8;
@@ -475,6 +478,101 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
   EXPECT_PREPACK_ERROR(m.prefill_masked(l.n_rows() + 1, l.width(), l.tokens(), l.positions(),
                                         prepack::span<const float>(mask), l.last_token()),
                        "tokens: ");
+}
+
+// Projections held quantized compute the function of their widened values: a model of Q8_0
+// rows (and F32 rows where an input width is not whole blocks) against an fp32 model of the
+// values Q8_0 stores, computed here from the encoding's definition (d * q, d rounded to fp16),
+// on every layout and backend; the model holds the blocks' bytes, not 4 a weight, and its
+// memory estimate is what a prefill then allocates.
+TEST(Reference, QuantizedProjectionsComputeTheirWidenedValues) {
+  std::mt19937_64 rng(41);
+  int q8 = 0;
+  for (int trial = 0; trial < 4; ++trial) {
+    ref::config c = random_config(rng);
+    if (trial < 2) {  // whole Q8_0 blocks everywhere
+      c.hidden = 64;
+      c.n_heads = 4;
+      c.n_kv_heads = 2;
+      c.head_dim = 16;
+      c.ffn = 96;
+    }
+    const std::uint64_t seed = rng();
+    const ref::weights w = ref::random_weights(c, seed);
+    ref::weights widened = w;
+    const auto stored = [](ref::matrix& m) {  // [in][out]: blocks run along `in`
+      if (m.rows() % 32 != 0) return;
+      for (Eigen::Index o = 0; o < m.cols(); ++o) {
+        for (Eigen::Index b = 0; b < m.rows(); b += 32) {
+          float amax = 0;
+          for (Eigen::Index k = 0; k < 32; ++k) amax = std::max(amax, std::abs(m(b + k, o)));
+          const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+          const float dh = prepack::half::to_float(prepack::half::from_float(d));
+          for (Eigen::Index k = 0; k < 32; ++k) m(b + k, o) = dh * std::round(m(b + k, o) * id);
+        }
+      }
+    };
+    for (ref::layer_weights& lw : widened.layers) {
+      for (ref::matrix* m : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_up, &lw.w_down}) {
+        stored(*m);
+      }
+    }
+    const auto prompts = random_prompts(rng, {37, 5, 61, 12}, c.vocab);
+    const auto len = lengths_of(prompts);
+    const auto l = prepack::make_layout(prepack::first_fit_decreasing(len), prompts);
+    for (ref::gemm_backend layout : backends()) {
+      const ref::model held(c, test::held_quantized(w), {ref::weight_type::f32, layout});
+      const ref::model plain(c, widened, {ref::weight_type::f32, layout});
+      ASSERT_TRUE(held.quantized());
+      EXPECT_FALSE(plain.quantized());
+      q8 += held.quantized_types().count("Q8_0") ? held.quantized_types().at("Q8_0") : 0;
+      int matrices = 0;
+      double bytes = 4.0 * (c.n_params() - c.projection_params());
+      for (const auto& [type, n] : held.quantized_types()) matrices += n;
+      EXPECT_EQ(matrices, 7 * c.n_layers);
+      const auto q_bytes = [](double in, double out) {
+        return static_cast<long long>(in) % 32 == 0 ? in / 32 * 34 * out : 4 * in * out;
+      };
+      const double h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
+      bytes +=
+          c.n_layers * (q_bytes(h, q + 2 * kv) + q_bytes(q, h) + q_bytes(h, 2 * f) + q_bytes(f, h));
+      if (layout == ref::gemm_backend::eigen) {
+        EXPECT_EQ(static_cast<double>(held.weight_bytes()), bytes) << "trial " << trial;
+      } else {  // an untied LM head in oneDNN's layout adds its padding
+        EXPECT_GE(static_cast<double>(held.weight_bytes()), bytes) << "trial " << trial;
+        EXPECT_LE(static_cast<double>(held.weight_bytes()), bytes + 4.0 * c.hidden * (c.vocab + 64))
+            << "trial " << trial;
+      }
+      for (ref::gemm_backend be : backends()) {
+        for (const int threads : {1, 2}) {
+          const auto rh = held.prefill(l, {ref::attention::segment, threads, be});
+          const auto rp = plain.prefill(l, {ref::attention::segment, threads, be});
+          const double scale = std::max(1.0f, rp.logits.cwiseAbs().maxCoeff());
+          const std::string where = "trial " + std::to_string(trial) + ", laid out for " +
+                                    ref::backend_name(layout) + " on " + ref::backend_name(be) +
+                                    ", " + std::to_string(threads) + " threads";
+          EXPECT_LE((rh.logits - rp.logits).cwiseAbs().maxCoeff() / scale, 1e-5) << where;
+          double kv_diff = 0;
+          for (std::size_t i = 0; i < rh.keys.size(); ++i) {
+            kv_diff = std::max<double>(kv_diff, std::abs(rh.keys[i] - rp.keys[i]));
+            kv_diff = std::max<double>(kv_diff, std::abs(rh.values[i] - rp.values[i]));
+          }
+          EXPECT_LE(kv_diff, 1e-4) << where;
+          const auto est = held.estimate_memory(l.n_rows(), l.width(), l.n_prompts(), 61,
+                                                ref::attention::segment, threads, be);
+          EXPECT_EQ(est.activation_bytes, rh.memory.activation_bytes) << where;
+          EXPECT_EQ(est.peak_bytes, rh.memory.peak_bytes) << where;
+        }
+      }
+      // Few rows (decode's panels) and many rows (prefill's) compute the same function.
+      auto [cache, logits] = ref::prefill_alone(held, prompts, 3);
+      auto [pc, pl] = ref::prefill_alone(plain, prompts, 3);
+      const auto got = ref::greedy_decode(held, cache, logits, 3);
+      const auto want = ref::greedy_decode(plain, pc, pl, 3);
+      expect_same_tokens(want, got, "held against widened, decode");
+    }
+  }
+  EXPECT_GT(q8, 0);
 }
 
 TEST(Reference, MemoryAccountingFollowsTheBuffers) {

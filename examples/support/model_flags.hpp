@@ -32,6 +32,7 @@ struct model_flags {
   double rope_theta = 10000.0;
   std::string path;  // --model
   bool bf16 = false;
+  bool widen = false;  // --widen: a quantized checkpoint's projections dequantized to fp32
   std::string backend = "auto";
   int threads = 0;
   long long memory_limit_mib = 0;  // 0: 80% of this machine's memory
@@ -65,6 +66,12 @@ inline void add_model_flags(CLI::App& app, model_flags& f) {
           ->type_name("PATH")
           ->group(group);
   for (CLI::Option* o : seeded) o->excludes(model);
+  app.add_flag("--widen", f.widen,
+               "dequantize a quantized checkpoint's projections to fp32 at load (4\n"
+               "bytes a weight; default: held as the file stores them, about its\n"
+               "size, and decoded inside the GEMMs)")
+      ->needs(model)
+      ->group(group);
   app.add_flag("--bf16", f.bf16,
                "hold the projection weights in bf16 (activations rounded to bf16,\n"
                "products accumulated in fp32; native where oneDNN runs bf16 here,\n"
@@ -99,6 +106,7 @@ struct model_choice {
   int threads = 0;
   double memory_limit = 0;  // bytes a run may need; 0: 80% of the machine's memory
   std::optional<ref::bf16_speed> bf16_measured;  // with --bf16: bf16 against fp32, timed here
+  bool hold_quantized = true;                    // a checkpoint's quantized projections as stored
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
   std::optional<prepack::checkpoint::info> info;  // the checkpoint's, read from its headers
 #endif
@@ -152,24 +160,40 @@ inline model_choice parse_model(const model_flags& f, std::uint64_t seed) {
   m.options.layout = m.backend;  // the weights laid out for the backend that multiplies them
   m.threads = f.threads;
   m.memory_limit = static_cast<double>(f.memory_limit_mib) * 1024.0 * 1024.0;
+  m.hold_quantized = !f.widen;
   if (f.bf16) m.bf16_measured = measure_bf16(m);
   return m;
 }
 
-/// Bytes the model's weights hold once built (the projections 4 bytes a weight, 2 with --bf16;
-/// embeddings and norms fp32) and at the peak of building them: the model is built a layer at
-/// a time (seeded, or read from the checkpoint), so the peak is what it holds plus one layer
-/// in fp32 twice over (as read, and fused). Quantized checkpoints are dequantized at load, so
-/// the file's size says nothing about these.
+/// Bytes the model's weights hold once built (the projections 4 bytes a weight, 2 with --bf16,
+/// or a quantized checkpoint's projections as the file stores them unless --widen; embeddings
+/// and norms fp32) and at the peak of building them: the model is built a layer at a time
+/// (seeded, or read from the checkpoint), so the peak is what it holds plus one layer's
+/// widened projections in fp32 twice over (as read, and fused).
 struct weight_memory {
   double held = 0, building = 0;
 };
-inline weight_memory estimate_weights(const model_choice& m, ref::weight_type type) {
+inline weight_memory estimate_weights(const model_choice& m, ref::weight_type type,
+                                      bool hold_quantized) {
   const ref::config& c = m.cfg;
+  double q_params = 0, q_bytes = 0;  // projections held as stored
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  if (m.info && hold_quantized) {
+    q_params = m.info->quantized_projection_params;
+    q_bytes = m.info->quantized_projection_bytes;
+  }
+#else
+  (void)hold_quantized;
+#endif
   weight_memory w;
-  w.held = ref::weight_bytes(c, type);
-  w.building = w.held + 2.0 * 4.0 * c.projection_params() / c.n_layers;
+  const double widened = c.projection_params() - q_params;
+  w.held = ref::weight_bytes(c, type) - (type == ref::weight_type::bf16 ? 2.0 : 4.0) * q_params +
+           q_bytes;
+  w.building = w.held + 2.0 * 4.0 * widened / c.n_layers;
   return w;
+}
+inline weight_memory estimate_weights(const model_choice& m, ref::weight_type type) {
+  return estimate_weights(m, type, m.hold_quantized);
 }
 inline weight_memory estimate_weights(const model_choice& m) {
   return estimate_weights(m, m.options.weights);
@@ -195,6 +219,7 @@ inline void admit_memory(const model_choice& m, double other, const std::string&
   const auto peak = [&](const weight_memory& w) { return std::max(w.building, w.held + other); };
   const weight_memory w = estimate_weights(m);
   const weight_memory b16 = estimate_weights(m, ref::weight_type::bf16);
+  const weight_memory held = estimate_weights(m, m.options.weights, true);
   const double machine = machine_memory();
   const double limit = m.memory_limit > 0 ? m.memory_limit : 0.8 * machine;
   if (limit <= 0 || peak(w) <= limit) return;
@@ -204,16 +229,19 @@ inline void admit_memory(const model_choice& m, double other, const std::string&
                      " (the weights " + mib(w.held) + ", " + mib(w.building) +
                      " while building them); ";
   const bool f32 = m.options.weights == ref::weight_type::f32;
-  if (f32 && peak(b16) <= limit) {
+  if (!m.hold_quantized && held.held < w.held && peak(held) <= limit) {
+    what += "without --widen it fits: the file's quantized projections held as stored take " +
+            mib(held.held) + " of weights, about " + mib(peak(held)) + " in all";
+  } else if (f32 && peak(b16) <= limit) {
     what += "--bf16 fits: it holds the projection weights in half the memory (" + mib(b16.held) +
             " of weights, about " + mib(peak(b16)) + " in all); " + bf16_verdict(measure_bf16(m));
   } else if (std::min(w.building, b16.building) > limit) {
     what += std::string("use a smaller model") +
             (f32 ? " (even with --bf16 its weights need " + mib(b16.building) + ")" : "");
-    if (!m.path.empty()) {
-      what +=
-          "; quantized weights are dequantized at load, so a smaller quantization of the same "
-          "model needs as much";
+    if (!m.path.empty() && held.held < w.held) {
+      what += "; without --widen its quantized projections need " + mib(held.held);
+    } else if (!m.path.empty()) {
+      what += " or a quantized file of it (its quantized projections are held as stored)";
     }
   } else {
     what += remedy;
@@ -226,7 +254,7 @@ inline void admit_memory(const model_choice& m, double other, const std::string&
 inline ref::model build_model(const model_choice& m) {
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
   if (!m.path.empty()) {
-    const prepack::checkpoint::opened ck = prepack::checkpoint::open(m.path);
+    const prepack::checkpoint::opened ck = prepack::checkpoint::open(m.path, {m.hold_quantized});
     return ref::model(ck.info.cfg, *ck.weights, m.options);
   }
 #endif
@@ -237,6 +265,32 @@ inline ref::model build_model(const model_choice& m) {
 inline std::string bf16_description(const model_choice& m) {
   if (m.options.weights != ref::weight_type::bf16) return "";
   return ref::bf16_path(m.backend).describe();
+}
+
+/// How a checkpoint's quantized projections are held, as a line ("" when it has none):
+/// "projections: 28.2M parameters held as stored (22.0 MiB; 4.3x less than fp32), decoded
+/// inside the GEMMs (--widen: fp32)".
+inline std::string quantized_description(const model_choice& m) {
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  if (!m.info || m.info->quantized_projection_params <= 0) return "";
+  const double p = m.info->quantized_projection_params, b = m.info->quantized_projection_bytes;
+  char line[256];
+  if (m.hold_quantized) {
+    std::snprintf(line, sizeof line,
+                  "projections: %.1fM parameters held as stored (%s, %.1fx less than fp32), "
+                  "decoded inside the GEMMs (--widen: fp32)\n",
+                  p / 1e6, mib(b).c_str(), 4.0 * p / b);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "projections: %.1fM parameters dequantized to fp32 (--widen: %s, %.1fx the "
+                  "file's %s)\n",
+                  p / 1e6, mib(4.0 * p).c_str(), 4.0 * p / b, mib(b).c_str());
+  }
+  return line;
+#else
+  (void)m;
+  return "";
+#endif
 }
 
 /// "model: 4 layers, hidden 256, ...; f32 weights; 2 threads, onednn GEMMs" and, for a
@@ -254,6 +308,7 @@ inline std::string describe(const model_choice& m) {
     std::snprintf(line, sizeof line, "%.1fM parameters", m.info->n_params / 1e6);
     out += "checkpoint: " + m.info->name + " (" + m.info->architecture + ", " + m.info->format +
            "), " + line + "; tensors " + types + "\n";
+    out += quantized_description(m);
   }
 #endif
   const std::string bf16 = bf16_description(m);
@@ -270,8 +325,8 @@ inline std::string describe(const model_choice& m) {
 
 /// The same as JSON: {"name", "architecture", "format", "params" (checkpoints), "weights",
 /// "bf16" and "bf16_speed" (bf16 weights: how it runs, and its speed as a multiple of fp32's,
-/// measured), "vocab", "hidden", "layers", "heads", "kv_heads", "head_dim", "ffn",
-/// "rope_theta"}.
+/// measured), "quantized_projections" ({"params", "file_bytes", "held"}), "vocab", "hidden",
+/// "layers", "heads", "kv_heads", "head_dim", "ffn", "rope_theta"}.
 inline nlohmann::ordered_json describe_json(const model_choice& m) {
   const ref::config& c = m.cfg;
   nlohmann::ordered_json j;
@@ -286,6 +341,13 @@ inline nlohmann::ordered_json describe_json(const model_choice& m) {
   j["weights"] = ref::weight_type_name(m.options.weights);
   if (m.options.weights == ref::weight_type::bf16) j["bf16"] = bf16_description(m);
   if (m.bf16_measured) j["bf16_speed"] = m.bf16_measured->ratio();
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  if (m.info && m.info->quantized_projection_params > 0) {
+    j["quantized_projections"] = {{"params", m.info->quantized_projection_params},
+                                  {"file_bytes", m.info->quantized_projection_bytes},
+                                  {"held", m.hold_quantized}};
+  }
+#endif
   j["vocab"] = c.vocab;
   j["hidden"] = c.hidden;
   j["layers"] = c.n_layers;

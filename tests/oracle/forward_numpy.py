@@ -5,7 +5,9 @@ ggml's "normal" RoPE mode does), checked against prepack_demo's last-token logit
 
 Usage: forward_numpy.py PREPACK_DEMO WORKDIR
 Passes when every prompt's last-token logits agree within 1e-3 of the logits' scale and the
-arg-max token agrees (unless the top two are within that bound)."""
+arg-max token agrees (unless the top two are within that bound), both with the file's quantized
+projections held as stored (the demo's default) and dequantized at load (--widen), and the two
+agree within 1e-5 of the logits' scale (the same function; only fp32 rounding may differ)."""
 import os
 import subprocess
 import sys
@@ -92,28 +94,42 @@ def main():
     rng = np.random.default_rng(22)
     prompts = [list(rng.integers(0, vocab, n)) for n in (1, 7, 23, 40)]
     prompts.append([1, 504, 3458, 282, 4649, 314, 3714, 30])  # a common-token prompt
-    pfile, lfile = os.path.join(work, "prompts.txt"), os.path.join(work, "logits.f32")
+    pfile = os.path.join(work, "prompts.txt")
     with open(pfile, "w") as f:
         for p in prompts:
             f.write(" ".join(str(int(t)) for t in p) + "\n")
-    r = subprocess.run([demo, "--model", path, "--prompts", pfile, "--logits", lfile,
-                        "--new-tokens", "1"], capture_output=True, text=True, check=False)
-    if r.returncode != 0:
-        oracle.fail(f"prepack_demo exited {r.returncode}: {r.stdout}{r.stderr}")
-    ours = np.fromfile(lfile, dtype=np.float32).reshape(len(prompts), vocab)
-    worst = 0.0
-    for i, p in enumerate(prompts):
-        want = last_logits(cfg, w, np.array(p))
-        scale = max(1.0, float(np.abs(want).max()))
-        diff = float(np.abs(ours[i] - want).max()) / scale
-        worst = max(worst, diff)
-        top = np.sort(want)[-2:]
-        if diff > 1e-3:
-            oracle.fail(f"prompt {i} ({len(p)} tokens): logits differ by {diff:.3g} of their scale")
-        if int(np.argmax(ours[i])) != int(np.argmax(want)) and top[1] - top[0] > 1e-3 * scale:
-            oracle.fail(f"prompt {i}: arg-max {int(np.argmax(ours[i]))}, NumPy {int(np.argmax(want))}")
-    print(f"last-token logits equal NumPy's forward pass of {os.path.basename(path)} within "
-          f"{worst:.3g} of their scale ({len(prompts)} prompts, bound 1e-3)")
+    wants = [last_logits(cfg, w, np.array(p)) for p in prompts]
+    got = {}
+    for mode, flags in (("held", []), ("widened", ["--widen"])):
+        lfile = os.path.join(work, f"logits_{mode}.f32")
+        r = subprocess.run([demo, "--model", path, "--prompts", pfile, "--logits", lfile,
+                            "--new-tokens", "1"] + flags, capture_output=True, text=True,
+                           check=False)
+        if r.returncode != 0:
+            oracle.fail(f"prepack_demo {mode} exited {r.returncode}: {r.stdout}{r.stderr}")
+        ours = np.fromfile(lfile, dtype=np.float32).reshape(len(prompts), vocab)
+        got[mode] = ours
+        worst = 0.0
+        for i, p in enumerate(prompts):
+            want = wants[i]
+            scale = max(1.0, float(np.abs(want).max()))
+            diff = float(np.abs(ours[i] - want).max()) / scale
+            worst = max(worst, diff)
+            top = np.sort(want)[-2:]
+            if diff > 1e-3:
+                oracle.fail(f"{mode}: prompt {i} ({len(p)} tokens): logits differ by {diff:.3g} "
+                            "of their scale")
+            if int(np.argmax(ours[i])) != int(np.argmax(want)) and top[1] - top[0] > 1e-3 * scale:
+                oracle.fail(f"{mode}: prompt {i}: arg-max {int(np.argmax(ours[i]))}, NumPy "
+                            f"{int(np.argmax(want))}")
+        print(f"{mode}: last-token logits equal NumPy's forward pass of "
+              f"{os.path.basename(path)} within {worst:.3g} of their scale ({len(prompts)} "
+              "prompts, bound 1e-3)")
+    scale = max(1.0, float(np.abs(got["widened"]).max()))
+    between = float(np.abs(got["held"] - got["widened"]).max()) / scale
+    if between > 1e-5:
+        oracle.fail(f"held and widened projections differ by {between:.3g} of the logits' scale")
+    print(f"held against widened: {between:.3g} of the logits' scale (bound 1e-5)")
 
 
 main()

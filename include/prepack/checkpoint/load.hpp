@@ -16,6 +16,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -47,7 +48,26 @@ struct info {
   reference::config cfg;
   std::map<std::string, std::size_t> tensor_types;  // type name -> tensors of that type
   double n_params = 0;                              // parameters in the file
+  // The layers' projections a model can hold in the file's own encoding (ggml's quantized
+  // blocks: open_options::hold_quantized): their parameters and their bytes in the file.
+  double quantized_projection_params = 0, quantized_projection_bytes = 0;
 };
+
+/// How checkpoint::open hands the weights over.
+struct open_options {
+  /// The layers' projections stored in ggml's quantized blocks (Q4_0 ... Q6_K) handed over as
+  /// they are stored (layer_weights::quantized), for the model to hold at the file's size and
+  /// decode inside its GEMMs; false: every tensor dequantized to fp32 (today's form, which any
+  /// consumer of layer_weights reads). Plain float types (F32, F16, BF16) are always widened.
+  bool hold_quantized = false;
+};
+
+/// Whether a model holds tensors of ggml type t as stored when asked to (a block-quantized type
+/// prepack decodes).
+inline bool holds_quantized(ggml_type t) noexcept {
+  return t != ggml_type::f32 && t != ggml_type::f16 && t != ggml_type::bf16 &&
+         dequantizable_block(t).has_value();
+}
 
 /// A loaded checkpoint: its description and its weights in the model's (semantic) form.
 struct loaded {
@@ -106,6 +126,9 @@ struct tensor_source {
   std::function<bool(const std::string&)> has;
   std::function<std::vector<std::uint64_t>(const std::string&)> shape;  // torch order
   std::function<std::vector<float>(const std::string&)> read;
+  // A tensor's bytes as stored, where the format keeps ggml's blocks (GGUF; else unset).
+  std::function<reference::quantized_matrix(const std::string&)> read_quantized;
+  std::function<ggml_type(const std::string&)> type;  // GGUF only
 };
 
 inline void expect_shape(const tensor_source& src, const std::string& name,
@@ -125,8 +148,9 @@ inline void expect_shape(const tensor_source& src, const std::string& name,
 // permuted: undo llama.cpp's Q/K order. Each read checks the tensor's presence and shape.
 class tensor_weights final : public reference::weight_source {
  public:
-  tensor_weights(const reference::config& c, tensor_source src, bool permuted)
-      : c_(c), src_(std::move(src)), permuted_(permuted) {}
+  tensor_weights(const reference::config& c, tensor_source src, bool permuted,
+                 bool hold_quantized = false)
+      : c_(c), src_(std::move(src)), permuted_(permuted), hold_(hold_quantized) {}
 
   reference::matrix embed() override {
     expect_shape(src_, "model.embed_tokens.weight", {u(c_.vocab), u(c_.hidden)});
@@ -140,9 +164,10 @@ class tensor_weights final : public reference::weight_source {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     reference::layer_weights lw;
     lw.attn_norm = vec(p + "input_layernorm.weight", h);
-    lw.wq = lin(p + "self_attn.q_proj.weight", q, h, qh);
-    lw.wk = lin(p + "self_attn.k_proj.weight", kv, h, kh);
-    lw.wv = lin(p + "self_attn.v_proj.weight", kv, h, 0);
+    reference::quantized_projections& z = lw.quantized;
+    proj(p + "self_attn.q_proj.weight", q, h, qh, lw.wq, z.wq);
+    proj(p + "self_attn.k_proj.weight", kv, h, kh, lw.wk, z.wk);
+    proj(p + "self_attn.v_proj.weight", kv, h, 0, lw.wv, z.wv);
     if (c_.qkv_bias) {
       lw.bq = bias(p + "self_attn.q_proj.bias", q, qh);
       lw.bk = bias(p + "self_attn.k_proj.bias", kv, kh);
@@ -152,11 +177,11 @@ class tensor_weights final : public reference::weight_source {
       lw.q_norm = vec(p + "self_attn.q_norm.weight", u(c_.head_size()));
       lw.k_norm = vec(p + "self_attn.k_norm.weight", u(c_.head_size()));
     }
-    lw.wo = lin(p + "self_attn.o_proj.weight", h, q, 0);
+    proj(p + "self_attn.o_proj.weight", h, q, 0, lw.wo, z.wo);
     lw.mlp_norm = vec(p + "post_attention_layernorm.weight", h);
-    lw.w_gate = lin(p + "mlp.gate_proj.weight", f, h, 0);
-    lw.w_up = lin(p + "mlp.up_proj.weight", f, h, 0);
-    lw.w_down = lin(p + "mlp.down_proj.weight", h, f, 0);
+    proj(p + "mlp.gate_proj.weight", f, h, 0, lw.w_gate, z.w_gate);
+    proj(p + "mlp.up_proj.weight", f, h, 0, lw.w_up, z.w_up);
+    proj(p + "mlp.down_proj.weight", h, f, 0, lw.w_down, z.w_down);
     return lw;
   }
   reference::vector final_norm() override { return vec("model.norm.weight", u(c_.hidden)); }
@@ -179,6 +204,29 @@ class tensor_weights final : public reference::weight_source {
     if (heads > 0) x = unpermute_rows(x, out, in, heads);
     return transposed(x, out, in);
   }
+  // A projection into m (fp32, the model's [in][out]) or, held quantized, into qm ([out][in]
+  // rows as stored, Q/K rows unpermuted the same way).
+  void proj(const std::string& name, std::uint64_t out, std::uint64_t in, std::size_t heads,
+            reference::matrix& m, reference::quantized_matrix& qm) const {
+    if (!hold_ || !src_.type || !holds_quantized(src_.type(name))) {
+      m = lin(name, out, in, heads);
+      return;
+    }
+    expect_shape(src_, name, {out, in});
+    qm = src_.read_quantized(name);
+    if (heads > 0) {
+      // unpermute_rows' mapping: file row h*d + 2i + j holds original row h*d + j*(d/2) + i.
+      const std::size_t d = static_cast<std::size_t>(out) / heads, half = d / 2;
+      std::vector<std::size_t> from(static_cast<std::size_t>(out));
+      for (std::size_t r = 0; r < from.size(); ++r) from[r] = r;
+      for (std::size_t hh = 0; hh < heads; ++hh) {
+        for (std::size_t i = 0; i < half; ++i) {
+          for (std::size_t j = 0; j < 2; ++j) from[hh * d + j * half + i] = hh * d + 2 * i + j;
+        }
+      }
+      qm = qm.permuted_rows(from);
+    }
+  }
   reference::vector bias(const std::string& name, std::uint64_t n, std::size_t heads) const {
     expect_shape(src_, name, {n});
     auto x = src_.read(name);
@@ -189,6 +237,7 @@ class tensor_weights final : public reference::weight_source {
   reference::config c_;
   tensor_source src_;
   bool permuted_;
+  bool hold_ = false;
 };
 
 // GGUF tensor names (and ggml shapes) in Hugging Face's names and torch order.
@@ -242,6 +291,16 @@ inline tensor_source gguf_tensors(const gguf_source& g) {
     std::vector<float> x(static_cast<std::size_t>(t->elements()));
     g.gguf->read(*t, span<float>(x));
     return x;
+  };
+  s.type = [g](const std::string& hf) { return g.gguf->find(gguf_name(hf))->type; };
+  s.read_quantized = [g](const std::string& hf) {
+    const gguf_tensor* t = g.gguf->find(gguf_name(hf));
+    prepack::detail::require(t->dims.size() == 2, g.file->path(), ": tensor ", t->name, " has ",
+                             t->dims.size(), " dimensions, a projection 2");
+    return reference::quantized_matrix::from_bytes(
+        t->type, static_cast<Eigen::Index>(t->dims[1]), static_cast<Eigen::Index>(t->dims[0]),
+        g.file->bytes().data() + t->offset, static_cast<std::size_t>(t->bytes),
+        g.file->path() + ": tensor " + t->name);
   };
   return s;
 }
@@ -318,9 +377,22 @@ inline info inspect_gguf(const std::string& path, gguf_source& src) {
   }
   c.validate();
   require(c.n_layers <= 4096 && c.hidden <= (1 << 20), path, ": absurd shape");
+  static const std::vector<std::string> projections{
+      ".attn_q.weight",   ".attn_k.weight", ".attn_v.weight",  ".attn_output.weight",
+      ".ffn_gate.weight", ".ffn_up.weight", ".ffn_down.weight"};
   for (const gguf_tensor& t : g.tensors()) {
     ++out.tensor_types[ggml_type_name(t.type)];
     out.n_params += static_cast<double>(t.elements());
+    const bool projection =
+        t.name.rfind("blk.", 0) == 0 &&
+        std::any_of(projections.begin(), projections.end(), [&](const std::string& e) {
+          return t.name.size() > e.size() &&
+                 t.name.compare(t.name.size() - e.size(), e.size(), e) == 0;
+        });
+    if (projection && holds_quantized(t.type)) {
+      out.quantized_projection_params += static_cast<double>(t.elements());
+      out.quantized_projection_bytes += static_cast<double>(t.bytes);
+    }
   }
   return out;
 }
@@ -506,17 +578,19 @@ struct opened {
   std::unique_ptr<reference::weight_source> weights;
 };
 
-/// Opens a checkpoint: its headers parsed and checked (as inspect), its tensors read later.
+/// Opens a checkpoint: its headers parsed and checked (as inspect), its tensors read later
+/// (with options.hold_quantized, a GGUF's quantized projections handed over as stored).
 /// Throws what inspect throws; the source's reads throw prepack::error naming the file and the
 /// tensor for a missing tensor or a shape that disagrees with the config.
-inline opened open(const std::string& path) {
+inline opened open(const std::string& path, const open_options& options = {}) {
   return detail::json_guarded(path, [&] {
     opened out;
     if (!detail::is_directory(path)) {
       detail::gguf_source src;
       out.info = detail::inspect_gguf(path, src);
       out.weights = std::make_unique<detail::tensor_weights>(
-          out.info.cfg, detail::gguf_tensors(src), out.info.architecture == "llama");
+          out.info.cfg, detail::gguf_tensors(src), out.info.architecture == "llama",
+          options.hold_quantized);
     } else {
       auto src = std::make_shared<detail::safetensors_source>();
       out.info = detail::inspect_safetensors(path, *src);

@@ -217,7 +217,20 @@ inline void scale_min_k4(int j, const unsigned char* q, unsigned& d, unsigned& m
   }
 }
 
+// x as the block's arithmetic keeps it: rounded on its own (exact: ggml's reference results), or
+// free to fuse with what follows (fast: the compiler vectorises the loops; within one fp32
+// rounding of exact).
+template <bool Exact>
+inline float keep(float x) noexcept {
+  if constexpr (Exact) {
+    return rounded(x);
+  } else {
+    return x;
+  }
+}
+
 // One block of `type` at p into y (its `elements` values).
+template <bool Exact = true>
 inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
   switch (type) {
     case ggml_type::f32:
@@ -242,8 +255,8 @@ inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) n
       const float d = fp16(p), m = fp16(p + 2);
       const unsigned char* qs = p + 4;
       for (int j = 0; j < 16; ++j) {
-        y[j] = rounded(d * static_cast<float>(qs[j] & 0x0F)) + m;
-        y[j + 16] = rounded(d * static_cast<float>(qs[j] >> 4)) + m;
+        y[j] = keep<Exact>(d * static_cast<float>(qs[j] & 0x0F)) + m;
+        y[j + 16] = keep<Exact>(d * static_cast<float>(qs[j] >> 4)) + m;
       }
       return;
     }
@@ -268,8 +281,8 @@ inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) n
       for (int j = 0; j < 16; ++j) {
         const unsigned x0 = (qs[j] & 0x0Fu) | (((qh >> j) & 1u) << 4);
         const unsigned x1 = (qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
-        y[j] = rounded(d * static_cast<float>(x0)) + m;
-        y[j + 16] = rounded(d * static_cast<float>(x1)) + m;
+        y[j] = keep<Exact>(d * static_cast<float>(x0)) + m;
+        y[j + 16] = keep<Exact>(d * static_cast<float>(x1)) + m;
       }
       return;
     }
@@ -293,7 +306,7 @@ inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) n
             const float ml = dmin * static_cast<float>(sc >> 4);
             for (int l = 0; l < 16; ++l) {
               const unsigned v = (q[l + 16 * half_] >> shift) & 3u;
-              *y++ = rounded(dl * static_cast<float>(v)) - ml;
+              *y++ = keep<Exact>(dl * static_cast<float>(v)) - ml;
             }
           }
         }
@@ -340,8 +353,8 @@ inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) n
         const float d1 = d * static_cast<float>(s), m1 = dmin * static_cast<float>(m);
         scale_min_k4(is + 1, sc, s, m);
         const float d2 = d * static_cast<float>(s), m2 = dmin * static_cast<float>(m);
-        for (int l = 0; l < 32; ++l) *y++ = rounded(d1 * static_cast<float>(q[l] & 0xF)) - m1;
-        for (int l = 0; l < 32; ++l) *y++ = rounded(d2 * static_cast<float>(q[l] >> 4)) - m2;
+        for (int l = 0; l < 32; ++l) *y++ = keep<Exact>(d1 * static_cast<float>(q[l] & 0xF)) - m1;
+        for (int l = 0; l < 32; ++l) *y++ = keep<Exact>(d2 * static_cast<float>(q[l] >> 4)) - m2;
       }
       return;
     }
@@ -359,11 +372,11 @@ inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) n
         const float d2 = d * static_cast<float>(s), m2 = dmin * static_cast<float>(m);
         for (int l = 0; l < 32; ++l) {
           const unsigned v = (ql[l] & 0xFu) + ((qh[l] & u1) ? 16u : 0u);
-          *y++ = rounded(d1 * static_cast<float>(v)) - m1;
+          *y++ = keep<Exact>(d1 * static_cast<float>(v)) - m1;
         }
         for (int l = 0; l < 32; ++l) {
           const unsigned v = (ql[l] >> 4) + ((qh[l] & u2) ? 16u : 0u);
-          *y++ = rounded(d2 * static_cast<float>(v)) - m2;
+          *y++ = keep<Exact>(d2 * static_cast<float>(v)) - m2;
         }
       }
       return;
@@ -374,16 +387,19 @@ inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) n
       const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
       const float d = fp16(p + 208);
       for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8, y += 128) {
-        for (int l = 0; l < 32; ++l) {
-          const int is = l / 16;
-          const int q1 = static_cast<int>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-          const int q2 = static_cast<int>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-          const int q3 = static_cast<int>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-          const int q4 = static_cast<int>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-          y[l] = rounded(d * static_cast<float>(sc[is])) * static_cast<float>(q1);
-          y[l + 32] = rounded(d * static_cast<float>(sc[is + 2])) * static_cast<float>(q2);
-          y[l + 64] = rounded(d * static_cast<float>(sc[is + 4])) * static_cast<float>(q3);
-          y[l + 96] = rounded(d * static_cast<float>(sc[is + 6])) * static_cast<float>(q4);
+        float ds[8];  // the 8 sub-block scales d * sc[k], each rounded once
+        for (int k = 0; k < 8; ++k) ds[k] = keep<Exact>(d * static_cast<float>(sc[k]));
+        for (int is = 0; is < 2; ++is) {  // values l of [16 is, 16 is + 16) share a scale
+          for (int l = 16 * is; l < 16 * is + 16; ++l) {
+            const int q1 = static_cast<int>((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+            const int q2 = static_cast<int>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            const int q3 = static_cast<int>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            const int q4 = static_cast<int>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+            y[l] = ds[is] * static_cast<float>(q1);
+            y[l + 32] = ds[is + 2] * static_cast<float>(q2);
+            y[l + 64] = ds[is + 4] * static_cast<float>(q3);
+            y[l + 96] = ds[is + 6] * static_cast<float>(q4);
+          }
         }
       }
       return;
@@ -412,6 +428,25 @@ inline void dequantize(ggml_type type, const unsigned char* src, std::size_t n, 
   const std::size_t blocks = n / b->elements;
   for (std::size_t k = 0; k < blocks; ++k) {
     detail::dequantize_block(type, src + k * b->bytes, out + k * b->elements);
+  }
+}
+
+/// dequantize's values with the products free to fuse with the additions that follow (one
+/// rounding where dequantize rounds twice: within one fp32 rounding of it, and vectorised), for
+/// weights decoded inside a GEMM. n a whole number of blocks of a type dequantizable_block
+/// knows: checked by the caller (reference::quantized_matrix checks both when it is made).
+/// Cost: n values, no allocation, no throw.
+inline void dequantize_fast(ggml_type type, const unsigned char* src, std::size_t n,
+                            float* out) noexcept {
+  const std::optional<ggml_block> b = dequantizable_block(type);
+  if (!b) return;
+  if (type == ggml_type::f32) {
+    std::memcpy(out, src, n * sizeof(float));
+    return;
+  }
+  const std::size_t blocks = n / b->elements;
+  for (std::size_t k = 0; k < blocks; ++k) {
+    detail::dequantize_block<false>(type, src + k * b->bytes, out + k * b->elements);
   }
 }
 

@@ -39,6 +39,7 @@
 #include "../error.hpp"
 #include "../numeric.hpp"
 #include "matrix.hpp"
+#include "quantized.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -386,10 +387,37 @@ inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gem
 ///   which oneDNN's bf16 matmul reads in place where this CPU has one, and the emulated paths
 ///   widen a panel of columns at a time into per-thread scratch (exact: a bf16 value is an fp32
 ///   value).
-/// Cost of building: one pass over the weights (a reorder, or a rounding to bf16 and a reorder).
+/// - quantized: as a checkpoint stores them (quantized_matrix segments of output rows, each of
+///   its own ggml type: fused Q | K | V of a Q4_K_M file mixes Q4_K and Q6_K), the bytes of the
+///   file and nothing more; every call decodes a panel of output rows at a time into per-thread
+///   fp32 scratch, exactly as ggml defines the type, and multiplies it with fp32 GEMMs over fp32
+///   activations (so the function is that of the widened weights, within fp32 rounding). A
+///   quantized layer may scale its input's columns first (`input_scale`: the RMSNorm weight that
+///   fp32 layers fold into their rows, which quantized rows cannot absorb exactly).
+/// Cost of building: one pass over the weights (a reorder, or a rounding to bf16 and a reorder;
+/// quantized segments are moved in).
 class linear {
  public:
   linear() = default;
+  /// A quantized layer: the segments' rows, one after another, are the output features
+  /// ([out][in], so transposed() is true); y = (x . input_scale) W^T, input_scale empty or [in].
+  /// Throws prepack::error naming the segment whose width differs from the first's, no
+  /// segments, or an input scale of another length.
+  linear(std::vector<quantized_matrix> segments, vector input_scale)
+      : q_(std::move(segments)), input_scale_(std::move(input_scale)), transposed_(true) {
+    prepack::detail::require(!q_.empty() && !q_[0].empty(), "linear: no quantized rows");
+    cols_ = q_[0].cols;
+    for (std::size_t i = 0; i < q_.size(); ++i) {
+      prepack::detail::require(q_[i].cols == cols_ && !q_[i].empty(), "linear: segment ", i, " (",
+                               q_[i].type_name(), ") is ", q_[i].rows, " x ", q_[i].cols,
+                               ", the layer's rows are ", cols_, " wide");
+      q_start_.push_back(rows_);
+      rows_ += q_[i].rows;
+    }
+    prepack::detail::require(input_scale_.size() == 0 || input_scale_.size() == cols_,
+                             "linear: input scale of ", input_scale_.size(), " for ", cols_,
+                             " inputs");
+  }
   linear(matrix w, bool transposed, weight_type type, gemm_backend layout = gemm_backend::automatic)
       : rows_(w.rows()), cols_(w.cols()), transposed_(transposed), type_(type) {
 #ifdef PREPACK_HAVE_ONEDNN
@@ -432,6 +460,10 @@ class linear {
   Eigen::Index out() const noexcept { return transposed_ ? rows_ : cols_; }
   bool transposed() const noexcept { return transposed_; }
   weight_type type() const noexcept { return type_; }
+  /// Whether the weights are held quantized (see the class comment), and how.
+  bool quantized() const noexcept { return !q_.empty(); }
+  const std::vector<quantized_matrix>& quantized_segments() const noexcept { return q_; }
+  const vector& input_scale() const noexcept { return input_scale_; }
   /// Whether the weights are held in oneDNN's own layout (see the class comment).
   bool held_by_onednn() const noexcept {
 #ifdef PREPACK_HAVE_ONEDNN
@@ -445,10 +477,15 @@ class linear {
   /// The bf16 weights held plain, row-major in the layout w was given in (bf16 layers not held
   /// by oneDNN; else empty).
   const std::vector<std::uint16_t>& weights_bf16() const noexcept { return w16_; }
-  /// The weights as multiplied, as fp32 in the layout w was given in, whichever way they are
-  /// held: a copy (in out floats), for inspection and tests.
+  /// The weights as multiplied, as fp32 in the layout w was given in ([out][in] for quantized
+  /// layers, their input scale not applied), whichever way they are held: a copy (in out
+  /// floats), for inspection and tests.
   matrix widened() const {
     matrix m(rows_, cols_);
+    if (quantized()) {
+      decode_rows(0, rows_, m.data(), false);
+      return m;
+    }
 #ifdef PREPACK_HAVE_ONEDNN
     if (held_) {
       using dnnl::memory;
@@ -470,6 +507,11 @@ class linear {
   /// Bytes of the weights held: 4 a weight (fp32) or 2 (bf16), and the padding of oneDNN's
   /// layout to its blocks where it holds them.
   std::size_t bytes() const noexcept {
+    if (quantized()) {
+      std::size_t b = static_cast<std::size_t>(input_scale_.size()) * sizeof(float);
+      for (const quantized_matrix& q : q_) b += q.bytes.size();
+      return b;
+    }
 #ifdef PREPACK_HAVE_ONEDNN
     if (held_) return held_->md.get_size();
 #endif
@@ -483,6 +525,13 @@ class linear {
     const Eigen::Index budget = (Eigen::Index{1} << 20) / std::max<Eigen::Index>(in, 1);
     return std::max<Eigen::Index>(64, std::min<Eigen::Index>(out, budget / 64 * 64));
   }
+  /// Columns of the panels a quantized layer decodes each thread's share into when few rows
+  /// multiply (decode): a multiple of 16, about 128 KiB of fp32, so a panel is decoded and read
+  /// back from the core's own cache.
+  static Eigen::Index small_panel_cols(Eigen::Index in, Eigen::Index out) {
+    const Eigen::Index budget = (Eigen::Index{32} << 10) / std::max<Eigen::Index>(in, 1);
+    return std::max<Eigen::Index>(16, std::min<Eigen::Index>(out, budget / 16 * 16));
+  }
 
   /// c[m][out] (ldc) = a[m][in] (lda) * W, or += with `accumulate`. 2 m in out FLOPs, plus for
   /// bf16 weights m in roundings of the activations into `scratch` and, on the paths that widen
@@ -492,6 +541,10 @@ class linear {
              Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
     if (m == 0) return;
     const gemm_backend be = resolve(backend);
+    if (quantized()) {
+      apply_panels(be, m, a, lda, c, ldc, accumulate, scratch);
+      return;
+    }
 #ifdef PREPACK_HAVE_ONEDNN
     if (be == gemm_backend::onednn &&
         (held_ || (type_ == weight_type::bf16 && detail::onednn_bf16_support().native))) {
@@ -603,8 +656,24 @@ class linear {
                          [](float v) { return bfloat16::to_float(bfloat16::from_float(v)); });
       x = scratch.rounded.data();
       ldx = k;
+    } else if (input_scale_.size() > 0) {  // quantized: the norm's weight on the input
+      const std::size_t size = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
+      if (scratch.rounded.size() < size) scratch.rounded.resize(size);
+      float* dst = scratch.rounded.data();
+      const float* g = input_scale_.data();
+      PREPACK_OMP(parallel for schedule(static))
+      for (Eigen::Index r = 0; r < m; ++r) {
+        const float* src = a + r * lda;
+        float* d = dst + r * k;
+        for (Eigen::Index j = 0; j < k; ++j) d[j] = src[j] * g[j];
+      }
+      x = dst;
+      ldx = k;
     }
-    const Eigen::Index n = out(), nb = panel_cols(k, n), panels = (n + nb - 1) / nb;
+    const Eigen::Index n = out();
+    const Eigen::Index nb =
+        quantized() && m < wide_rows ? small_panel_cols(k, n) : panel_cols(k, n);
+    const Eigen::Index panels = (n + nb - 1) / nb;
     const int threads = threads_for(0);
     const std::size_t per_thread = static_cast<std::size_t>(k) * static_cast<std::size_t>(nb);
     if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
@@ -648,6 +717,10 @@ class linear {
   // plain), or [w][k] (plain, transposed); plain rows shared among the threads when `parallel`
   // (a oneDNN reorder shares them itself outside a parallel region).
   void widen_panel(Eigen::Index c0, Eigen::Index w, float* panel, bool parallel) const {
+    if (quantized()) {
+      decode_rows(c0, w, panel, parallel);
+      return;
+    }
 #ifdef PREPACK_HAVE_ONEDNN
     if (held_) {
       try {
@@ -673,6 +746,19 @@ class linear {
     }
   }
 
+  // Output rows [r0, r0 + n) of a quantized layer decoded into out[n][in], across its segments;
+  // rows shared among the threads when `parallel`.
+  void decode_rows(Eigen::Index r0, Eigen::Index n, float* out, bool parallel) const {
+    const Eigen::Index k = cols_;
+    (void)parallel;  // read only by the OpenMP pragma
+    PREPACK_OMP(parallel for schedule(static) if(parallel))
+    for (Eigen::Index r = r0; r < r0 + n; ++r) {
+      std::size_t s = q_.size() - 1;
+      while (q_start_[s] > r) --s;
+      q_[s].decode_rows(r - q_start_[s], 1, out + (r - r0) * k);
+    }
+  }
+
 #ifdef PREPACK_HAVE_ONEDNN
   // The primitives over plain bf16 weights read in place, made once on first use (the support
   // check has created one already, so this does not fail for want of an ISA); copies share them.
@@ -690,9 +776,12 @@ class linear {
   std::shared_ptr<const detail::onednn_weights> held_;  // the weights in oneDNN's layout
 #endif
 
-  matrix w_;                          // fp32, plain: [in][out], or [out][in] when transposed
-  std::vector<std::uint16_t> w16_;    // bf16, plain: the same layout
-  Eigen::Index rows_ = 0, cols_ = 0;  // of w as given
+  std::vector<quantized_matrix> q_;    // quantized: the output rows, segment after segment
+  std::vector<Eigen::Index> q_start_;  // each segment's first output row
+  vector input_scale_;                 // quantized: [in] multiplying the input, or empty
+  matrix w_;                           // fp32, plain: [in][out], or [out][in] when transposed
+  std::vector<std::uint16_t> w16_;     // bf16, plain: the same layout
+  Eigen::Index rows_ = 0, cols_ = 0;   // of w as given
   bool transposed_ = false;
   weight_type type_ = weight_type::f32;
 };

@@ -33,7 +33,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -233,6 +235,10 @@ class model {
 
   const config& cfg() const noexcept { return cfg_; }
   weight_type weights_type() const noexcept { return opt_.weights; }
+  /// Whether some projections are held quantized (a source handed them so: see linear), and
+  /// how many weight matrices of each ggml type ("Q4_K" -> 154) are held that way.
+  bool quantized() const noexcept { return !quantized_types_.empty(); }
+  const std::map<std::string, int>& quantized_types() const noexcept { return quantized_types_; }
   /// Bytes of the prepared weights the model holds.
   std::size_t weight_bytes() const noexcept {
     std::size_t b = static_cast<std::size_t>(embed_.size() + final_norm_.size()) * sizeof(float) +
@@ -372,24 +378,54 @@ class model {
       layer_weights lw = src.layer(li);
       check_layer(c, lw, static_cast<std::size_t>(li));
       layer L;
-      matrix qkv(c.hidden, c.q_dim() + 2 * c.kv_dim());
-      qkv << lw.wq, lw.wk, lw.wv;
-      lw.wq = lw.wk = lw.wv = matrix();               // the pieces go as each fused layer is made
-      qkv.array().colwise() *= lw.attn_norm.array();  // diag(attn_norm) qkv, in place
-      L.qkv = linear(std::move(qkv), false, wt, lay);
+      quantized_projections& q = lw.quantized;
+      // Held quantized where the source hands a projection so: the fused layers take their
+      // pieces as rows (an fp32 piece beside quantized ones as F32 rows), and the norm's weight
+      // scales their input instead of being folded into rows that cannot absorb it exactly.
+      const auto rows = [](matrix& m, quantized_matrix& qm) {
+        quantized_matrix out = qm.empty() ? quantized_matrix::from_fp32(m) : std::move(qm);
+        m = matrix();
+        return out;
+      };
+      if (!q.wq.empty() || !q.wk.empty() || !q.wv.empty()) {
+        std::vector<quantized_matrix> seg;
+        seg.push_back(rows(lw.wq, q.wq));
+        seg.push_back(rows(lw.wk, q.wk));
+        seg.push_back(rows(lw.wv, q.wv));
+        L.qkv = linear(std::move(seg), lw.attn_norm);
+      } else {
+        matrix qkv(c.hidden, c.q_dim() + 2 * c.kv_dim());
+        qkv << lw.wq, lw.wk, lw.wv;
+        lw.wq = lw.wk = lw.wv = matrix();               // the pieces go as each fused layer is made
+        qkv.array().colwise() *= lw.attn_norm.array();  // diag(attn_norm) qkv, in place
+        L.qkv = linear(std::move(qkv), false, wt, lay);
+      }
       if (c.qkv_bias) {
         L.qkv_bias.resize(c.q_dim() + 2 * c.kv_dim());
         L.qkv_bias << lw.bq, lw.bk, lw.bv;
       }
       L.q_norm = std::move(lw.q_norm);
       L.k_norm = std::move(lw.k_norm);
-      L.o = linear(std::move(lw.wo), false, wt, lay);
-      matrix gu(c.hidden, 2 * c.ffn);
-      gu << lw.w_gate, lw.w_up;
-      lw.w_gate = lw.w_up = matrix();
-      gu.array().colwise() *= lw.mlp_norm.array();
-      L.gate_up = linear(std::move(gu), false, wt, lay);
-      L.down = linear(std::move(lw.w_down), false, wt, lay);
+      L.o = q.wo.empty() ? linear(std::move(lw.wo), false, wt, lay)
+                         : linear(std::vector<quantized_matrix>{std::move(q.wo)}, vector());
+      if (!q.w_gate.empty() || !q.w_up.empty()) {
+        std::vector<quantized_matrix> seg;
+        seg.push_back(rows(lw.w_gate, q.w_gate));
+        seg.push_back(rows(lw.w_up, q.w_up));
+        L.gate_up = linear(std::move(seg), lw.mlp_norm);
+      } else {
+        matrix gu(c.hidden, 2 * c.ffn);
+        gu << lw.w_gate, lw.w_up;
+        lw.w_gate = lw.w_up = matrix();
+        gu.array().colwise() *= lw.mlp_norm.array();
+        L.gate_up = linear(std::move(gu), false, wt, lay);
+      }
+      L.down = q.w_down.empty()
+                   ? linear(std::move(lw.w_down), false, wt, lay)
+                   : linear(std::vector<quantized_matrix>{std::move(q.w_down)}, vector());
+      for (const linear* x : {&L.qkv, &L.o, &L.gate_up, &L.down}) {
+        for (const quantized_matrix& m : x->quantized_segments()) ++quantized_types_[m.type_name()];
+      }
       layers_.push_back(std::move(L));
     }
     final_norm_ = src.final_norm();
@@ -463,7 +499,7 @@ class model {
     w.reserve(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n());
     memory = detail::total_memory(store.bytes,
                                   w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(),
-                                          opt_.weights, backend, opt_.layout),
+                                          opt_.weights, backend, opt_.layout, quantized()),
                                   b.mask_bytes);
     detail::pass p(w, cfg_, b, threads.n(), backend);
     const Eigen::Index hidden = cfg_.hidden, ffn = cfg_.ffn, q_dim = cfg_.q_dim();
@@ -595,6 +631,7 @@ class model {
   model_options opt_;
   mutable detail::workspace_slot work_;  // activations kept between passes
   std::vector<layer> layers_;
+  std::map<std::string, int> quantized_types_;  // held quantized: matrices of each ggml type
   matrix embed_;       // [vocab][hidden]  (empty when tied: lm_head_ holds it)
   vector final_norm_;  // [hidden]
   linear lm_head_;     // [hidden][vocab], or the embedding [vocab][hidden] transposed
@@ -602,22 +639,24 @@ class model {
 
 /// What a prefill over n_rows x width slots holding n_prompts prompts (the longest `longest`
 /// tokens) allocates (prefill_result::memory) with weights of type `weights` laid out for
-/// `layout` (model_options::layout), multiplied on `backend`, from shapes alone,
-/// with the forward pass's own accounting and without changing any thread setting. Throws
-/// prepack::error if a size overflows size_t, c is invalid, or n_threads < 0.
+/// `layout` (model_options::layout), multiplied on `backend`, or held quantized (`quantized`,
+/// model::quantized()), from shapes alone, with the forward pass's own accounting and without
+/// changing any thread setting. Throws prepack::error if a size overflows size_t, c is invalid,
+/// or n_threads < 0.
 inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows, std::size_t width,
                                             std::size_t n_prompts, std::size_t longest,
                                             attention path, int n_threads = 0,
                                             weight_type weights = weight_type::f32,
                                             gemm_backend backend = gemm_backend::automatic,
-                                            gemm_backend layout = gemm_backend::automatic) {
+                                            gemm_backend layout = gemm_backend::automatic,
+                                            bool quantized = false) {
   c.validate();
   const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
   detail::workspace w;  // counts, allocates nothing
   const auto work =
       w.bytes(c, slots, n_prompts,
               static_cast<std::int64_t>(path == attention::dense ? width : longest) - 1,
-              threads_for(n_threads), weights, backend, layout);
+              threads_for(n_threads), weights, backend, layout, quantized);
   const std::size_t kv = prepack::detail::mul(
       prepack::detail::mul(2 * static_cast<std::size_t>(c.n_layers), slots, "KV cache"),
       static_cast<std::size_t>(c.kv_dim()) * sizeof(float), "KV cache");
@@ -634,7 +673,7 @@ inline memory_stats model::estimate_memory(std::size_t n_rows, std::size_t width
                                            attention path, int n_threads,
                                            gemm_backend backend) const {
   return estimate_prefill_memory(cfg_, n_rows, width, n_prompts, longest, path, n_threads,
-                                 opt_.weights, backend, opt_.layout);
+                                 opt_.weights, backend, opt_.layout, quantized());
 }
 
 }  // namespace reference

@@ -16,6 +16,7 @@
 #include "../detail/random.hpp"
 #include "../error.hpp"
 #include "matrix.hpp"
+#include "quantized.hpp"
 
 PREPACK_NAMESPACE_BEGIN
 namespace reference {
@@ -107,6 +108,10 @@ struct layer_weights {
   matrix w_gate;      // [hidden][ffn]
   matrix w_up;        // [hidden][ffn]
   matrix w_down;      // [ffn][hidden]
+  // Projections handed over in a checkpoint's own encoding (checkpoint::open with
+  // hold_quantized): each non-empty one stands in for the fp32 matrix of its name, which is
+  // then empty, and holds [out][in] rows (the transpose of the shapes above).
+  quantized_projections quantized;
 };
 
 struct weights {
@@ -149,20 +154,33 @@ inline void check_shape(const vector& v, int n, const std::string& name) {
 /// Throws prepack::error naming the first parameter of layer l whose shape disagrees with c.
 inline void check_layer(const config& c, const layer_weights& lw, std::size_t l) {
   const std::string p = "layers[" + std::to_string(l) + "].";
+  const quantized_projections& q = lw.quantized;
+  // A projection is either fp32 [in][out] or quantized [out][in] rows, never both.
+  const auto proj = [&](const matrix& m, const quantized_matrix& qm, int in, int out,
+                        const char* name) {
+    if (qm.empty()) {
+      detail::check_shape(m, in, out, p + name);
+      return;
+    }
+    detail::check_shape(m, 0, 0, p + name + " (held quantized)");
+    prepack::detail::require(qm.rows == out && qm.cols == in, "weights: ", p, name, " (",
+                             qm.type_name(), ") is ", qm.rows, " x ", qm.cols, " rows, expected ",
+                             out, " x ", in);
+  };
   detail::check_shape(lw.attn_norm, c.hidden, p + "attn_norm");
-  detail::check_shape(lw.wq, c.hidden, c.q_dim(), p + "wq");
-  detail::check_shape(lw.wk, c.hidden, c.kv_dim(), p + "wk");
-  detail::check_shape(lw.wv, c.hidden, c.kv_dim(), p + "wv");
+  proj(lw.wq, q.wq, c.hidden, c.q_dim(), "wq");
+  proj(lw.wk, q.wk, c.hidden, c.kv_dim(), "wk");
+  proj(lw.wv, q.wv, c.hidden, c.kv_dim(), "wv");
   detail::check_shape(lw.bq, c.qkv_bias ? c.q_dim() : 0, p + "bq");
   detail::check_shape(lw.bk, c.qkv_bias ? c.kv_dim() : 0, p + "bk");
   detail::check_shape(lw.bv, c.qkv_bias ? c.kv_dim() : 0, p + "bv");
   detail::check_shape(lw.q_norm, c.qk_norm ? c.head_size() : 0, p + "q_norm");
   detail::check_shape(lw.k_norm, c.qk_norm ? c.head_size() : 0, p + "k_norm");
-  detail::check_shape(lw.wo, c.q_dim(), c.hidden, p + "wo");
+  proj(lw.wo, q.wo, c.q_dim(), c.hidden, "wo");
   detail::check_shape(lw.mlp_norm, c.hidden, p + "mlp_norm");
-  detail::check_shape(lw.w_gate, c.hidden, c.ffn, p + "w_gate");
-  detail::check_shape(lw.w_up, c.hidden, c.ffn, p + "w_up");
-  detail::check_shape(lw.w_down, c.ffn, c.hidden, p + "w_down");
+  proj(lw.w_gate, q.w_gate, c.hidden, c.ffn, "w_gate");
+  proj(lw.w_up, q.w_up, c.hidden, c.ffn, "w_up");
+  proj(lw.w_down, q.w_down, c.ffn, c.hidden, "w_down");
 }
 
 /// Throws prepack::error naming the LM head if its shape disagrees with c (empty when tied).

@@ -110,11 +110,12 @@ class workspace {
 
   // Bytes of a pass's activations (RoPE table, and with bf16 weights the rounded activations,
   // included) and per-thread attention scratch, for projections of type `weights` laid out for
-  // `layout`, multiplied on `backend`.
+  // `layout`, multiplied on `backend`, or held quantized (`quantized`: their scaled inputs and
+  // decoded panels).
   std::pair<std::size_t, std::size_t> bytes(const config& c, std::size_t n, std::size_t n_out,
                                             std::int64_t max_pos, int n_threads,
                                             weight_type weights, gemm_backend backend,
-                                            gemm_backend layout) {
+                                            gemm_backend layout, bool quantized = false) {
     using prepack::detail::add;
     using prepack::detail::mul;
     std::size_t act = 0;
@@ -127,7 +128,13 @@ class workspace {
                   static_cast<std::size_t>(c.rotary_dim() / 2) * 2 * sizeof(float), "RoPE table"),
               "activations");
     const bool native = weights == weight_type::bf16 && bf16_path(backend).native;
-    if (weights == weight_type::bf16) {
+    if (quantized) {
+      // The normed inputs of Q | K | V and gate | up, scaled by the norm's weight.
+      act = add(act,
+                mul(mul(n, static_cast<std::size_t>(c.hidden), "scaled activations"), sizeof(float),
+                    "scaled activations"),
+                "activations");
+    } else if (weights == weight_type::bf16) {
       // Native: the activations as bf16. Emulated: rounded, as fp32.
       act = add(act,
                 mul(mul(n, gemm_k(c), "bf16 activations"),
@@ -146,18 +153,22 @@ class workspace {
     }
     // Each thread's panel of weights widened to fp32, for the widest GEMM that widens: every
     // bf16 one on the emulated paths, and on the Eigen backend the fp32 ones oneDNN holds.
-    const auto panel = [&](Eigen::Index in, Eigen::Index out, weight_type t) -> std::size_t {
-      const bool widens = t == weight_type::bf16
-                              ? !native
-                              : eigen && held_by_onednn(in, out, weight_type::f32, layout);
+    // Quantized layers decode every panel.
+    const auto panel = [&](Eigen::Index in, Eigen::Index out, weight_type t,
+                           bool decodes = false) -> std::size_t {
+      const bool widens =
+          decodes ||
+          (t == weight_type::bf16 ? !native
+                                  : eigen && held_by_onednn(in, out, weight_type::f32, layout));
       return widens ? static_cast<std::size_t>(in) *
                           static_cast<std::size_t>(linear::panel_cols(in, out))
                     : 0;
     };
     const auto ffn = static_cast<Eigen::Index>(c.ffn);
-    std::size_t widest = std::max(
-        {panel(c.hidden, c.q_dim() + 2 * c.kv_dim(), weights), panel(c.q_dim(), c.hidden, weights),
-         panel(c.hidden, 2 * ffn, weights), panel(ffn, c.hidden, weights)});
+    std::size_t widest = std::max({panel(c.hidden, c.q_dim() + 2 * c.kv_dim(), weights, quantized),
+                                   panel(c.q_dim(), c.hidden, weights, quantized),
+                                   panel(c.hidden, 2 * ffn, weights, quantized),
+                                   panel(ffn, c.hidden, weights, quantized)});
     if (!c.tied_embeddings) widest = std::max(widest, panel(c.hidden, c.vocab, weight_type::f32));
     act = add(act,
               mul(mul(static_cast<std::size_t>(n_threads), widest, "weight panels"), sizeof(float),
