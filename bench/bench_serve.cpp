@@ -14,6 +14,12 @@
 //   decode/<seqs>                      decode steps of the large model (fp32) at 1, 8 and 32
 //                                      sequences, against the weight-streaming bound (weight
 //                                      bytes over the read bandwidth measured here)
+//   quantized/<form>/...               with --model=PATH (a quantized GGUF): the checkpoint's
+//                                      projections held as stored against dequantized to fp32
+//                                      (the demo's --widen): resident weight bytes, prefill
+//                                      tokens/s (8 prompts x 128 tokens, prepacked, one pass)
+//                                      and decode steps at 1, 8 and 32 sequences against each
+//                                      form's weight-streaming bound
 // Writes <report_dir>/serve.md (tables, targets), serve.csv and the chart data (gnuplot:
 // serve.gp draws TTFT p99 against the request rate, one line per method). --smoke: a tiny model
 // and one rate, for the tests.
@@ -32,6 +38,9 @@
 #include "machine.hpp"
 #include "prepack/prepack.hpp"
 #include "prepack/reference.hpp"
+#ifdef PREPACK_BENCH_CHECKPOINTS
+#include "prepack/checkpoint.hpp"
+#endif
 #include "support/main.hpp"
 #include "support/trace.hpp"
 #include "support/workload.hpp"
@@ -43,6 +52,7 @@ namespace {
 struct options {
   bool smoke = false, quick = false;
   std::string report_dir = "serve-report";
+  std::string model_path;  // --model: a quantized checkpoint for the quantized/ family
 };
 options g_opt;
 // Requests a stream: enough that a p99 is not the single worst request.
@@ -157,6 +167,12 @@ struct decode_row {
   double step_ms = 0, bound_ms = 0, compute_ms = 0, bandwidth = 0, peak = 0, weight_mb = 0;
 };
 std::vector<decode_row> g_decode;
+struct quant_row {
+  std::string form;  // "held" or "widened"
+  double weight_mb = 0, prefill_tps = 0, bandwidth = 0;
+  std::map<std::size_t, double> step_ms;  // by sequences
+};
+std::map<std::string, quant_row> g_quant;
 machine::cpu_times g_t0;
 
 void register_serve() {
@@ -290,6 +306,23 @@ void register_scheduler() {
       ->Unit(benchmark::kMillisecond);
 }
 
+// The best of `repeats` decode steps of `seqs` sequences (128-token prompts prefilled alone).
+double best_decode_step(const ref::model& m, std::size_t seqs, int repeats) {
+  const auto prompts = support::generate_prompts(std::vector<int>(seqs, 128), m.cfg().vocab, 4);
+  auto [cache, logits] = ref::prefill_alone(m, prompts, static_cast<std::size_t>(repeats) + 1);
+  std::vector<int> next(seqs, 1);
+  double best = 1e300;
+  for (int k = 0; k < repeats; ++k) {
+    const auto in = ref::decode_step(cache, next);
+    const auto t0 = std::chrono::steady_clock::now();
+    m.forward(in, cache.pool);
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (auto& s : cache.seqs) ++s.length;
+  }
+  return best;
+}
+
 // Decode steps of the large model against the weight-streaming bound.
 void register_decode() {
   ref::config c;
@@ -310,20 +343,9 @@ void register_decode() {
             bandwidth = machine::read_bandwidth_gbs(ref::threads_for(0));
             peak = machine::fma_peak_gflops(ref::threads_for(0));
           }
-          const auto prompts = support::generate_prompts(std::vector<int>(seqs, 128), c.vocab, 4);
-          auto [cache, logits] = ref::prefill_alone(*m, prompts, 64);
-          std::vector<int> next(seqs, 1);
           double best = 1e300;
           for (auto _ : state) {
-            for (int k = 0; k < 16; ++k) {
-              const auto in = ref::decode_step(cache, next);
-              const auto t0 = std::chrono::steady_clock::now();
-              m->forward(in, cache.pool);
-              best = std::min(
-                  best,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-              for (auto& s : cache.seqs) ++s.length;
-            }
+            best = best_decode_step(*m, seqs, 16);
             state.SetIterationTime(best);
           }
           // Bytes a decode step streams: every weight but the rows of an untied embedding table
@@ -345,6 +367,51 @@ void register_decode() {
         ->UseManualTime()
         ->Unit(benchmark::kMillisecond);
   }
+}
+
+// A quantized checkpoint held as stored against widened to fp32, side by side (--model).
+void register_quantized() {
+#ifdef PREPACK_BENCH_CHECKPOINTS
+  if (g_opt.model_path.empty()) return;
+  for (const bool held : {true, false}) {
+    const std::string form = held ? "held" : "widened";
+    benchmark::RegisterBenchmark(
+        ("quantized/" + form).c_str(),
+        [=](benchmark::State& state) {
+          const auto ck = prepack::checkpoint::open(g_opt.model_path, {held});
+          const ref::model m(ck.info.cfg, *ck.weights);
+          quant_row& row = g_quant[form];
+          row.form = form;
+          row.bandwidth = machine::read_bandwidth_gbs(ref::threads_for(0));
+          row.weight_mb = static_cast<double>(m.weight_bytes()) / 1e6;
+          const auto prompts =
+              support::generate_prompts(std::vector<int>(8, 128), m.cfg().vocab, 5);
+          const auto l = prepack::make_layout(
+              prepack::first_fit_decreasing(std::vector<int>(8, 128)), prompts);
+          double best = 1e300;
+          for (auto _ : state) {
+            for (int k = 0; k < 3; ++k) {
+              const auto t0 = std::chrono::steady_clock::now();
+              (void)m.prefill(l);
+              best = std::min(
+                  best,
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+            }
+            state.SetIterationTime(best);
+          }
+          row.prefill_tps = 8 * 128 / best;
+          for (std::size_t seqs : {std::size_t{1}, std::size_t{8}, std::size_t{32}}) {
+            row.step_ms[seqs] = 1000 * best_decode_step(m, seqs, 16);
+            state.counters["decode" + std::to_string(seqs) + "_ms"] = row.step_ms[seqs];
+          }
+          state.counters["weights_mb"] = row.weight_mb;
+          state.counters["prefill_tps"] = row.prefill_tps;
+        })
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+#endif
 }
 
 void write_report() {
@@ -486,6 +553,35 @@ void write_report() {
     }
     md << '\n';
   }
+  if (g_quant.count("held") && g_quant.count("widened")) {
+    const quant_row& h = g_quant["held"];
+    const quant_row& w = g_quant["widened"];
+    md << "### Quantized checkpoint " << g_opt.model_path
+       << ": projections held as stored against dequantized to fp32 (same run)\n\n"
+       << "Bound: the weights a decode step streams (all but the embedding rows it does not "
+          "read) at the "
+       << h.bandwidth << " GB/s read bandwidth measured here.\n\n"
+       << "| form | weights MB | prefill tokens/s (8 x 128) | decode ms, 1 seq | 8 seqs | 32 seqs "
+          "| tokens/s at 1 seq |\n|---|---|---|---|---|---|---|\n";
+    for (const quant_row* r : {&h, &w}) {
+      std::snprintf(buf, sizeof buf, "| %s | %.1f | %.0f | %.2f | %.2f | %.2f | %.1f |\n",
+                    r->form.c_str(), r->weight_mb, r->prefill_tps, r->step_ms.at(1),
+                    r->step_ms.at(8), r->step_ms.at(32), 1000.0 / r->step_ms.at(1));
+      md << buf;
+    }
+    std::snprintf(buf, sizeof buf,
+                  "\nHeld against widened: %.2fx less weight memory, prefill %.2fx, decode "
+                  "%.2fx / %.2fx / %.2fx the speed at 1 / 8 / 32 sequences.\n\n",
+                  w.weight_mb / h.weight_mb, h.prefill_tps / w.prefill_tps,
+                  w.step_ms.at(1) / h.step_ms.at(1), w.step_ms.at(8) / h.step_ms.at(8),
+                  w.step_ms.at(32) / h.step_ms.at(32));
+    md << buf;
+    std::snprintf(buf, sizeof buf,
+                  "| quantized file: prefill held >= 0.9x the widened (fp32) path | %.2fx | %s |",
+                  h.prefill_tps / w.prefill_tps,
+                  h.prefill_tps >= 0.9 * w.prefill_tps ? "met" : "missed");
+    targets.push_back(buf);
+  }
   md << "### Targets\n\n| target | measured | verdict |\n|---|---|---|\n";
   for (const std::string& t : targets) md << t << '\n';
   std::ofstream gp(dir + "/serve.gp");
@@ -514,6 +610,8 @@ int run(int argc, char** argv) {
       g_opt.quick = true;
     } else if (a.rfind("--report_dir=", 0) == 0) {
       g_opt.report_dir = a.substr(13);
+    } else if (a.rfind("--model=", 0) == 0) {
+      g_opt.model_path = a.substr(8);
     } else {
       rest.push_back(argv[i]);
     }
@@ -525,6 +623,7 @@ int run(int argc, char** argv) {
   register_serve();
   register_scheduler();
   register_decode();
+  register_quantized();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   write_report();

@@ -575,6 +575,46 @@ TEST(Reference, QuantizedProjectionsComputeTheirWidenedValues) {
   EXPECT_GT(q8, 0);
 }
 
+// Held-quantized weights refuse what they cannot hold or multiply, naming the item and value,
+// before anything is built.
+TEST(ReferenceErrors, QuantizedWeightsRefuseBadShapesAndBytes) {
+  using prepack::checkpoint::ggml_type;
+  const std::vector<unsigned char> block(34, 0);
+  EXPECT_PREPACK_ERROR(ref::quantized_matrix::from_bytes(ggml_type::q8_0, 1, 40, block.data(), 34,
+                                                         "blk.3.attn_q.weight"),
+                       "blk.3.attn_q.weight: rows of 40 values are not a whole number of Q8_0's "
+                       "32-value blocks");
+  EXPECT_PREPACK_ERROR(ref::quantized_matrix::from_bytes(ggml_type::q8_0, 2, 32, block.data(), 34,
+                                                         "blk.0.ffn_up.weight"),
+                       "blk.0.ffn_up.weight: 34 bytes, expected 68 (2 rows of 34 bytes)");
+  EXPECT_PREPACK_ERROR(
+      ref::quantized_matrix::from_bytes(ggml_type::iq2_xs, 1, 256, block.data(), 34, "t"),
+      "t: type IQ2_XS (17) cannot be decoded");
+  EXPECT_PREPACK_ERROR(
+      ref::quantized_matrix::from_bytes(ggml_type::q8_0, 0, 32, block.data(), 0, "t"),
+      "t: shape 0 x 32");
+  const auto q = ref::quantized_matrix::from_bytes(ggml_type::q8_0, 1, 32, block.data(), 34, "t");
+  EXPECT_PREPACK_ERROR(q.permuted_rows({0, 1}), "permuted_rows: 2 indices for 1 rows");
+  EXPECT_PREPACK_ERROR(q.permuted_rows({5}), "permuted_rows: index 0 = 5 outside 1 rows");
+  const auto wide = ref::quantized_matrix::from_fp32(ref::matrix::Ones(64, 3));
+  EXPECT_PREPACK_ERROR(ref::linear(std::vector<ref::quantized_matrix>{q, wide}, ref::vector()),
+                       "linear: segment 1 (F32) is 3 x 64, the layer's rows are 32 wide");
+  EXPECT_PREPACK_ERROR(ref::linear(std::vector<ref::quantized_matrix>{q}, ref::vector::Ones(31)),
+                       "linear: input scale of 31 for 32 inputs");
+  EXPECT_PREPACK_ERROR(ref::linear(std::vector<ref::quantized_matrix>{}, ref::vector()),
+                       "linear: no quantized rows");
+  // A layer handing a projection both ways, or quantized rows of another shape.
+  ref::config c;
+  auto both = ref::random_weights(c, 1);
+  both.layers[1].quantized.wo = test::held_rows(both.layers[1].wo);
+  EXPECT_PREPACK_ERROR(ref::model(c, both),
+                       "weights: layers[1].wo (held quantized) is 128 x 128, expected 0 x 0");
+  auto shape = test::held_quantized(ref::random_weights(c, 1));
+  shape.layers[0].quantized.w_down = shape.layers[0].quantized.w_up;
+  EXPECT_PREPACK_ERROR(ref::model(c, shape),
+                       "weights: layers[0].w_down (Q8_0) is 256 x 128 rows, expected 128 x 256");
+}
+
 TEST(Reference, MemoryAccountingFollowsTheBuffers) {
   ref::config c;
   const ref::model m(c, 1);

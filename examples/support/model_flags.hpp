@@ -240,7 +240,7 @@ inline void admit_memory(const model_choice& m, double other, const std::string&
             (f32 ? " (even with --bf16 its weights need " + mib(b16.building) + ")" : "");
     if (!m.path.empty() && held.held < w.held) {
       what += "; without --widen its quantized projections need " + mib(held.held);
-    } else if (!m.path.empty()) {
+    } else if (!m.path.empty() && held.held == estimate_weights(m, m.options.weights, false).held) {
       what += " or a quantized file of it (its quantized projections are held as stored)";
     }
   } else {

@@ -130,6 +130,18 @@ def main():
     if between > 1e-5:
         oracle.fail(f"held and widened projections differ by {between:.3g} of the logits' scale")
     print(f"held against widened: {between:.3g} of the logits' scale (bound 1e-5)")
+    # Memory: under a limit of 3/4 of the weights in fp32, --widen is refused with the advice
+    # that holding the file's projections fits, and the default (held) runs under it.
+    fp32 = 4 * sum(int(np.prod(t.shape)) for t in w.values())
+    limit = str(int(0.75 * fp32 / 2**20))
+    args = [demo, "--model", path, "--prompts", pfile, "--new-tokens", "1", "--memory-limit", limit]
+    r = subprocess.run(args + ["--widen"], capture_output=True, text=True, check=False)
+    if r.returncode != 2 or "without --widen it fits" not in r.stderr:
+        oracle.fail(f"--widen under --memory-limit {limit}: exit {r.returncode}, {r.stderr}")
+    r = subprocess.run(args, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        oracle.fail(f"held under --memory-limit {limit}: exit {r.returncode}, {r.stderr}")
+    print(f"under --memory-limit {limit} (MiB): --widen refused naming what fits, held runs")
 
 
 main()
