@@ -1,8 +1,8 @@
-// Models whose projections are held quantized (reference::quantized_matrix), built in memory for
-// the invariant tests: every projection's rows in ggml's Q8_0 (as llama.cpp's
-// quantize_row_q8_0_ref encodes them) where its input width is whole 32-value blocks, else as F32
-// rows, so any config runs through the held path (segments, the norm on the input, panels decoded
-// inside the GEMM).
+// Models whose weights are held quantized (reference::quantized_matrix), built in memory for
+// the invariant tests: every projection's, the embedding's and the LM head's rows in ggml's Q8_0
+// (as llama.cpp's quantize_row_q8_0_ref encodes them) where its input width is whole 32-value
+// blocks, else as F32 rows, so any config runs through the held path (segments, the norm on the
+// input, panels decoded inside the GEMM).
 #pragma once
 
 #include <algorithm>
@@ -64,9 +64,36 @@ inline ref::weights held_quantized(ref::weights w) {
   return w;
 }
 
-// The seeded model of config c (ref::random_weights) with its projections held quantized.
+// Weights handed over as a checkpoint that holds everything quantized would: projections,
+// embedding and (untied) LM head as rows (Q8_0 where their width is whole blocks, else F32).
+class held_source final : public ref::weight_source {
+ public:
+  explicit held_source(ref::weights w) : w_(held_quantized(std::move(w))) {}
+  ref::quantized_matrix embed_quantized() override {
+    const ref::matrix t = w_.embed.transpose();  // [hidden][vocab]: rows of the table
+    w_.embed = ref::matrix();
+    return held_rows(t);
+  }
+  ref::quantized_matrix lm_head_quantized() override {
+    ref::quantized_matrix q = held_rows(w_.lm_head);
+    w_.lm_head = ref::matrix();
+    return q;
+  }
+  ref::matrix embed() override { return std::move(w_.embed); }
+  ref::layer_weights layer(int l) override {
+    return std::move(w_.layers.at(static_cast<std::size_t>(l)));
+  }
+  ref::vector final_norm() override { return std::move(w_.final_norm); }
+  ref::matrix lm_head() override { return std::move(w_.lm_head); }
+
+ private:
+  ref::weights w_;
+};
+
+// The seeded model of config c (ref::random_weights) with every matrix held quantized.
 inline ref::model held_model(const ref::config& c, std::uint64_t seed) {
-  return ref::model(c, held_quantized(ref::random_weights(c, seed)));
+  held_source src(ref::random_weights(c, seed));
+  return ref::model(c, src);
 }
 
 }  // namespace test

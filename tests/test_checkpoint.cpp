@@ -113,10 +113,10 @@ TEST(Checkpoint, GgufRoundTripsEveryTypeAndLoadsTheSameFunction) {
   fs::remove_all(dir);
 }
 
-// A GGUF's quantized projections held as stored (open_options::hold_quantized): the model holds
-// the file's blocks (its projections' bytes, which inspect reports) and computes what the model
-// of the dequantized file computes, Q/K rows of llama's layout unpermuted as whole rows, biases
-// and tied embeddings included.
+// A GGUF's quantized tensors held as stored (open_options::hold_quantized): the model holds the
+// file's blocks (the projections', the embedding's and the LM head's bytes, which inspect
+// reports) and computes what the model of the dequantized file computes, Q/K rows of llama's
+// layout unpermuted as whole rows, biases and tied embeddings (one table for both) included.
 TEST(Checkpoint, QuantizedProjectionsHeldAsStoredComputeTheDequantizedFunction) {
   std::mt19937_64 rng(6);
   const std::string dir = temp_dir("held");
@@ -137,10 +137,14 @@ TEST(Checkpoint, QuantizedProjectionsHeldAsStoredComputeTheDequantizedFunction) 
       EXPECT_FALSE(widened.quantized()) << path;
       ASSERT_TRUE(held.quantized()) << path;
       EXPECT_EQ(held.quantized_types().size(), 1u) << path;
-      EXPECT_EQ(held.quantized_types().at("Q8_0"), 7 * c.n_layers) << path;
-      // Held: every other parameter in fp32, the projections as the file's bytes.
+      // The projections, the embedding and the untied LM head (all Q8_0 in this file).
+      EXPECT_EQ(held.quantized_types().at("Q8_0"), 7 * c.n_layers + (tied ? 1 : 2)) << path;
+      EXPECT_EQ(info.quantized_embedding_params, c.embedding_params()) << path;
+      EXPECT_EQ(info.quantized_embedding_bytes, c.embedding_params() / 32 * 34) << path;
+      // Held: every other parameter in fp32, the rest as the file's bytes.
       EXPECT_EQ(static_cast<double>(held.weight_bytes()),
-                4.0 * (c.n_params() - c.projection_params()) + info.quantized_projection_bytes)
+                4.0 * (c.n_params() - c.projection_params() - c.embedding_params()) +
+                    info.quantized_projection_bytes + info.quantized_embedding_bytes)
           << path;
       const auto prompts = test::random_prompts(rng, {17, 5, 40}, c.vocab);
       const auto l =

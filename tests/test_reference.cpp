@@ -480,11 +480,11 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
                        "tokens: ");
 }
 
-// Projections held quantized compute the function of their widened values: a model of Q8_0
-// rows (and F32 rows where an input width is not whole blocks) against an fp32 model of the
-// values Q8_0 stores, computed here from the encoding's definition (d * q, d rounded to fp16),
-// on every layout and backend; the model holds the blocks' bytes, not 4 a weight, and its
-// memory estimate is what a prefill then allocates.
+// Weights held quantized compute the function of their widened values: a model whose
+// projections, embedding and LM head are Q8_0 rows (F32 rows where a width is not whole blocks)
+// against an fp32 model of the values Q8_0 stores, computed here from the encoding's definition
+// (d * q, d rounded to fp16), on every layout, backend and thread count; the model holds the
+// blocks' bytes, not 4 a weight, and its memory estimate is what a prefill then allocates.
 TEST(Reference, QuantizedProjectionsComputeTheirWidenedValues) {
   std::mt19937_64 rng(41);
   int q8 = 0;
@@ -517,32 +517,32 @@ TEST(Reference, QuantizedProjectionsComputeTheirWidenedValues) {
         stored(*m);
       }
     }
+    ref::matrix table = widened.embed.transpose();  // blocks run along hidden
+    stored(table);
+    widened.embed = table.transpose();
+    stored(widened.lm_head);
     const auto prompts = random_prompts(rng, {37, 5, 61, 12}, c.vocab);
     const auto len = lengths_of(prompts);
     const auto l = prepack::make_layout(prepack::first_fit_decreasing(len), prompts);
     for (ref::gemm_backend layout : backends()) {
-      const ref::model held(c, test::held_quantized(w), {ref::weight_type::f32, layout});
+      test::held_source src(w);  // projections, embedding and LM head held
+      const ref::model held(c, src, {ref::weight_type::f32, layout});
       const ref::model plain(c, widened, {ref::weight_type::f32, layout});
       ASSERT_TRUE(held.quantized());
       EXPECT_FALSE(plain.quantized());
       q8 += held.quantized_types().count("Q8_0") ? held.quantized_types().at("Q8_0") : 0;
       int matrices = 0;
-      double bytes = 4.0 * (c.n_params() - c.projection_params());
+      double bytes = 4.0 * (c.n_params() - c.projection_params() - c.embedding_params());
       for (const auto& [type, n] : held.quantized_types()) matrices += n;
-      EXPECT_EQ(matrices, 7 * c.n_layers);
+      EXPECT_EQ(matrices, 7 * c.n_layers + (c.tied_embeddings ? 1 : 2));
       const auto q_bytes = [](double in, double out) {
         return static_cast<long long>(in) % 32 == 0 ? in / 32 * 34 * out : 4 * in * out;
       };
       const double h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), f = c.ffn;
-      bytes +=
-          c.n_layers * (q_bytes(h, q + 2 * kv) + q_bytes(q, h) + q_bytes(h, 2 * f) + q_bytes(f, h));
-      if (layout == ref::gemm_backend::eigen) {
-        EXPECT_EQ(static_cast<double>(held.weight_bytes()), bytes) << "trial " << trial;
-      } else {  // an untied LM head in oneDNN's layout adds its padding
-        EXPECT_GE(static_cast<double>(held.weight_bytes()), bytes) << "trial " << trial;
-        EXPECT_LE(static_cast<double>(held.weight_bytes()), bytes + 4.0 * c.hidden * (c.vocab + 64))
-            << "trial " << trial;
-      }
+      bytes += c.n_layers *
+                   (q_bytes(h, q + 2 * kv) + q_bytes(q, h) + q_bytes(h, 2 * f) + q_bytes(f, h)) +
+               (c.tied_embeddings ? 1 : 2) * q_bytes(h, c.vocab);
+      EXPECT_EQ(static_cast<double>(held.weight_bytes()), bytes) << "trial " << trial;
       for (ref::gemm_backend be : backends()) {
         for (const int threads : {1, 2}) {
           const auto rh = held.prefill(l, {ref::attention::segment, threads, be});

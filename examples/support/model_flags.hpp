@@ -177,10 +177,13 @@ inline weight_memory estimate_weights(const model_choice& m, ref::weight_type ty
                                       bool hold_quantized) {
   const ref::config& c = m.cfg;
   double q_params = 0, q_bytes = 0;  // projections held as stored
+  double e_params = 0, e_bytes = 0;  // the embedding and LM head held as stored
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
   if (m.info && hold_quantized) {
     q_params = m.info->quantized_projection_params;
     q_bytes = m.info->quantized_projection_bytes;
+    e_params = m.info->quantized_embedding_params;
+    e_bytes = m.info->quantized_embedding_bytes;
   }
 #else
   (void)hold_quantized;
@@ -188,7 +191,7 @@ inline weight_memory estimate_weights(const model_choice& m, ref::weight_type ty
   weight_memory w;
   const double widened = c.projection_params() - q_params;
   w.held = ref::weight_bytes(c, type) - (type == ref::weight_type::bf16 ? 2.0 : 4.0) * q_params +
-           q_bytes;
+           q_bytes - 4.0 * e_params + e_bytes;
   w.building = w.held + 2.0 * 4.0 * widened / c.n_layers;
   return w;
 }
@@ -272,19 +275,24 @@ inline std::string bf16_description(const model_choice& m) {
 /// inside the GEMMs (--widen: fp32)".
 inline std::string quantized_description(const model_choice& m) {
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
-  if (!m.info || m.info->quantized_projection_params <= 0) return "";
-  const double p = m.info->quantized_projection_params, b = m.info->quantized_projection_bytes;
+  if (!m.info) return "";
+  const double p = m.info->quantized_projection_params + m.info->quantized_embedding_params;
+  const double b = m.info->quantized_projection_bytes + m.info->quantized_embedding_bytes;
+  if (p <= 0) return "";
+  const char* what =
+      m.info->quantized_embedding_params > 0
+          ? (m.info->quantized_projection_params > 0 ? "projections and embeddings" : "embeddings")
+          : "projections";
   char line[256];
   if (m.hold_quantized) {
     std::snprintf(line, sizeof line,
-                  "projections: %.1fM parameters held as stored (%s, %.1fx less than fp32), "
+                  "%s: %.1fM parameters held as stored (%s, %.1fx less than fp32), "
                   "decoded inside the GEMMs (--widen: fp32)\n",
-                  p / 1e6, mib(b).c_str(), 4.0 * p / b);
+                  what, p / 1e6, mib(b).c_str(), 4.0 * p / b);
   } else {
     std::snprintf(line, sizeof line,
-                  "projections: %.1fM parameters dequantized to fp32 (--widen: %s, %.1fx the "
-                  "file's %s)\n",
-                  p / 1e6, mib(4.0 * p).c_str(), 4.0 * p / b, mib(b).c_str());
+                  "%s: %.1fM parameters dequantized to fp32 (--widen: %s, %.1fx the file's %s)\n",
+                  what, p / 1e6, mib(4.0 * p).c_str(), 4.0 * p / b, mib(b).c_str());
   }
   return line;
 #else
@@ -325,7 +333,8 @@ inline std::string describe(const model_choice& m) {
 
 /// The same as JSON: {"name", "architecture", "format", "params" (checkpoints), "weights",
 /// "bf16" and "bf16_speed" (bf16 weights: how it runs, and its speed as a multiple of fp32's,
-/// measured), "quantized_projections" ({"params", "file_bytes", "held"}), "vocab", "hidden",
+/// measured), "quantized" ({"projection_params", "projection_file_bytes", "embedding_params",
+/// "embedding_file_bytes", "held"}), "vocab", "hidden",
 /// "layers", "heads", "kv_heads", "head_dim", "ffn", "rope_theta"}.
 inline nlohmann::ordered_json describe_json(const model_choice& m) {
   const ref::config& c = m.cfg;
@@ -342,10 +351,12 @@ inline nlohmann::ordered_json describe_json(const model_choice& m) {
   if (m.options.weights == ref::weight_type::bf16) j["bf16"] = bf16_description(m);
   if (m.bf16_measured) j["bf16_speed"] = m.bf16_measured->ratio();
 #ifdef PREPACK_SUPPORT_CHECKPOINTS
-  if (m.info && m.info->quantized_projection_params > 0) {
-    j["quantized_projections"] = {{"params", m.info->quantized_projection_params},
-                                  {"file_bytes", m.info->quantized_projection_bytes},
-                                  {"held", m.hold_quantized}};
+  if (m.info && m.info->quantized_projection_params + m.info->quantized_embedding_params > 0) {
+    j["quantized"] = {{"projection_params", m.info->quantized_projection_params},
+                      {"projection_file_bytes", m.info->quantized_projection_bytes},
+                      {"embedding_params", m.info->quantized_embedding_params},
+                      {"embedding_file_bytes", m.info->quantized_embedding_bytes},
+                      {"held", m.hold_quantized}};
   }
 #endif
   j["vocab"] = c.vocab;

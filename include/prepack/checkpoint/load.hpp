@@ -51,13 +51,16 @@ struct info {
   // The layers' projections a model can hold in the file's own encoding (ggml's quantized
   // blocks: open_options::hold_quantized): their parameters and their bytes in the file.
   double quantized_projection_params = 0, quantized_projection_bytes = 0;
+  // The same for the token embedding and an untied LM head (token_embd, output).
+  double quantized_embedding_params = 0, quantized_embedding_bytes = 0;
 };
 
 /// How checkpoint::open hands the weights over.
 struct open_options {
-  /// The layers' projections stored in ggml's quantized blocks (Q4_0 ... Q6_K) handed over as
-  /// they are stored (layer_weights::quantized), for the model to hold at the file's size and
-  /// decode inside its GEMMs; false: every tensor dequantized to fp32 (today's form, which any
+  /// The layers' projections, the token embedding and the LM head stored in ggml's quantized
+  /// blocks (Q4_0 ... Q6_K) handed over as they are stored (layer_weights::quantized,
+  /// weight_source::embed_quantized / lm_head_quantized), for the model to hold at the file's
+  /// size and decode inside its GEMMs; false: every tensor dequantized to fp32 (the form any
   /// consumer of layer_weights reads). Plain float types (F32, F16, BF16) are always widened.
   bool hold_quantized = false;
 };
@@ -152,6 +155,12 @@ class tensor_weights final : public reference::weight_source {
                  bool hold_quantized = false)
       : c_(c), src_(std::move(src)), permuted_(permuted), hold_(hold_quantized) {}
 
+  reference::quantized_matrix embed_quantized() override {
+    return held("model.embed_tokens.weight", u(c_.vocab), u(c_.hidden));
+  }
+  reference::quantized_matrix lm_head_quantized() override {
+    return held("lm_head.weight", u(c_.vocab), u(c_.hidden));
+  }
   reference::matrix embed() override {
     expect_shape(src_, "model.embed_tokens.weight", {u(c_.vocab), u(c_.hidden)});
     const auto x = src_.read("model.embed_tokens.weight");
@@ -203,6 +212,13 @@ class tensor_weights final : public reference::weight_source {
     auto x = src_.read(name);
     if (heads > 0) x = unpermute_rows(x, out, in, heads);
     return transposed(x, out, in);
+  }
+  // A [rows][cols] tensor as stored when it is held quantized, else empty.
+  reference::quantized_matrix held(const std::string& name, std::uint64_t rows,
+                                   std::uint64_t cols) const {
+    if (!hold_ || !src_.type || !src_.has(name) || !holds_quantized(src_.type(name))) return {};
+    expect_shape(src_, name, {rows, cols});
+    return src_.read_quantized(name);
   }
   // A projection into m (fp32, the model's [in][out]) or, held quantized, into qm ([out][in]
   // rows as stored, Q/K rows unpermuted the same way).
@@ -290,6 +306,7 @@ inline tensor_source gguf_tensors(const gguf_source& g) {
     const gguf_tensor* t = g.gguf->find(gguf_name(hf));
     std::vector<float> x(static_cast<std::size_t>(t->elements()));
     g.gguf->read(*t, span<float>(x));
+    g.file->release(static_cast<std::size_t>(t->offset), static_cast<std::size_t>(t->bytes));
     return x;
   };
   s.type = [g](const std::string& hf) { return g.gguf->find(gguf_name(hf))->type; };
@@ -297,10 +314,12 @@ inline tensor_source gguf_tensors(const gguf_source& g) {
     const gguf_tensor* t = g.gguf->find(gguf_name(hf));
     prepack::detail::require(t->dims.size() == 2, g.file->path(), ": tensor ", t->name, " has ",
                              t->dims.size(), " dimensions, a projection 2");
-    return reference::quantized_matrix::from_bytes(
+    auto q = reference::quantized_matrix::from_bytes(
         t->type, static_cast<Eigen::Index>(t->dims[1]), static_cast<Eigen::Index>(t->dims[0]),
         g.file->bytes().data() + t->offset, static_cast<std::size_t>(t->bytes),
         g.file->path() + ": tensor " + t->name);
+    g.file->release(static_cast<std::size_t>(t->offset), static_cast<std::size_t>(t->bytes));
+    return q;
   };
   return s;
 }
@@ -392,6 +411,10 @@ inline info inspect_gguf(const std::string& path, gguf_source& src) {
     if (projection && holds_quantized(t.type)) {
       out.quantized_projection_params += static_cast<double>(t.elements());
       out.quantized_projection_bytes += static_cast<double>(t.bytes);
+    }
+    if ((t.name == "token_embd.weight" || t.name == "output.weight") && holds_quantized(t.type)) {
+      out.quantized_embedding_params += static_cast<double>(t.elements());
+      out.quantized_embedding_bytes += static_cast<double>(t.bytes);
     }
   }
   return out;

@@ -4,6 +4,7 @@
 // Cost: O(1) to map; pages are read as they are touched.
 #pragma once
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <string>
@@ -67,6 +68,19 @@ class mapped_file {
   }
 
   span<const unsigned char> bytes() const noexcept { return {data_, size_}; }
+  /// Gives back to the kernel the whole pages inside [offset, offset + n) that were read (they
+  /// fault in again from the file if read later), so a loader that has copied or converted a
+  /// tensor does not keep the file's pages resident beside its own copy. Cost: one madvise.
+  void release(std::size_t offset, std::size_t n) const noexcept {
+    const long page = ::sysconf(_SC_PAGESIZE);
+    if (data_ == nullptr || page <= 0 || offset >= size_) return;
+    const auto ps = static_cast<std::size_t>(page);
+    const std::size_t end = offset + std::min(n, size_ - offset);
+    const std::size_t first = (offset + ps - 1) / ps * ps, last = end / ps * ps;
+    if (last > first) {
+      ::madvise(const_cast<unsigned char*>(data_) + first, last - first, MADV_DONTNEED);
+    }
+  }
   const std::string& path() const noexcept { return path_; }
 
  private:

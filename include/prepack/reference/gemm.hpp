@@ -693,6 +693,26 @@ class linear {
       }
       return;
     }
+    if (quantized() && m <= dot_rows) {
+      // Decode (a few sequences): each output row decoded into the thread's cache-resident row
+      // and dotted with every activation row at once, never written to a panel and read back.
+      PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+      for (Eigen::Index p = 0; p < panels; ++p) {
+        float* row = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
+        const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0);
+        std::size_t seg = 0;
+        for (Eigen::Index j = c0; j < c0 + w; ++j) {
+          while (seg + 1 < q_.size() && q_start_[seg + 1] <= j) ++seg;
+          q_[seg].decode_rows(j - q_start_[seg], 1, row);
+          const Eigen::Map<const Eigen::VectorXf> wr(row, k);
+          for (Eigen::Index i = 0; i < m; ++i) {
+            const float y = Eigen::Map<const Eigen::VectorXf>(x + i * ldx, k).dot(wr);
+            c[i * ldc + j] = accumulate ? c[i * ldc + j] + y : y;
+          }
+        }
+      }
+      return;
+    }
     // Few rows: the panels shared among the threads, each thread's GEMM on that thread alone.
     std::atomic<bool> failed{false};
     std::string failure;
@@ -712,6 +732,8 @@ class linear {
 
   // Rows of activations from which the panel paths multiply with all threads per GEMM.
   static constexpr Eigen::Index wide_rows = 256;
+  // Rows of activations up to which a quantized layer dots each decoded row directly.
+  static constexpr Eigen::Index dot_rows = 4;
 
   // Output columns [c0, c0 + w) of the weights, widened to fp32: [k][w] (held by oneDNN, or
   // plain), or [w][k] (plain, transposed); plain rows shared among the threads when `parallel`
@@ -747,16 +769,21 @@ class linear {
   }
 
   // Output rows [r0, r0 + n) of a quantized layer decoded into out[n][in], across its segments;
-  // rows shared among the threads when `parallel`.
+  // rows shared among the threads when `parallel` (else no OpenMP construct is entered: a nested
+  // one costs microseconds per call).
   void decode_rows(Eigen::Index r0, Eigen::Index n, float* out, bool parallel) const {
     const Eigen::Index k = cols_;
-    (void)parallel;  // read only by the OpenMP pragma
-    PREPACK_OMP(parallel for schedule(static) if(parallel))
-    for (Eigen::Index r = r0; r < r0 + n; ++r) {
+    const auto one = [&](Eigen::Index r) {
       std::size_t s = q_.size() - 1;
       while (q_start_[s] > r) --s;
       q_[s].decode_rows(r - q_start_[s], 1, out + (r - r0) * k);
+    };
+    if (!parallel) {
+      for (Eigen::Index r = r0; r < r0 + n; ++r) one(r);
+      return;
     }
+    PREPACK_OMP(parallel for schedule(static))
+    for (Eigen::Index r = r0; r < r0 + n; ++r) one(r);
   }
 
 #ifdef PREPACK_HAVE_ONEDNN

@@ -242,7 +242,7 @@ class model {
   /// Bytes of the prepared weights the model holds.
   std::size_t weight_bytes() const noexcept {
     std::size_t b = static_cast<std::size_t>(embed_.size() + final_norm_.size()) * sizeof(float) +
-                    lm_head_.bytes();
+                    lm_head_.bytes() + embed_q_.bytes.size();
     for (const layer& l : layers_) {
       b += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes() +
            static_cast<std::size_t>(l.qkv_bias.size() + l.q_norm.size() + l.k_norm.size()) *
@@ -372,8 +372,18 @@ class model {
     const config& c = cfg_;
     const weight_type wt = opt_.weights;
     const gemm_backend lay = opt_.layout;
-    matrix embed = src.embed();
-    detail::check_shape(embed, c.vocab, c.hidden, "embed");
+    // The embedding (and an untied LM head) as stored where the source holds them quantized: a
+    // row decoded per token, and the head's rows decoded a panel at a time like a projection.
+    quantized_matrix embed_q = src.embed_quantized();
+    matrix embed;
+    if (embed_q.empty()) {
+      embed = src.embed();
+      detail::check_shape(embed, c.vocab, c.hidden, "embed");
+    } else {
+      prepack::detail::require(embed_q.rows == c.vocab && embed_q.cols == c.hidden,
+                               "weights: embed (", embed_q.type_name(), ") is ", embed_q.rows,
+                               " x ", embed_q.cols, " rows, expected ", c.vocab, " x ", c.hidden);
+    }
     for (int li = 0; li < c.n_layers; ++li) {
       layer_weights lw = src.layer(li);
       check_layer(c, lw, static_cast<std::size_t>(li));
@@ -430,21 +440,50 @@ class model {
     }
     final_norm_ = src.final_norm();
     detail::check_shape(final_norm_, c.hidden, "final_norm");
-    matrix head = src.lm_head();
-    check_lm_head(c, head);
-    // The LM head runs over a few rows per batch: fp32 always. Tied: one plain matrix serves
+    quantized_matrix head_q = c.tied_embeddings ? quantized_matrix() : src.lm_head_quantized();
+    matrix head;
+    if (head_q.empty()) {
+      head = src.lm_head();
+      check_lm_head(c, head);
+    } else {
+      prepack::detail::require(head_q.rows == c.vocab && head_q.cols == c.hidden,
+                               "weights: lm_head (", head_q.type_name(), ") is ", head_q.rows,
+                               " x ", head_q.cols, " rows, expected ", c.vocab, " x ", c.hidden);
+    }
+    for (const quantized_matrix* m : {&embed_q, &head_q}) {
+      if (!m->empty()) ++quantized_types_[m->type_name()];
+    }
+    // The LM head runs over a few rows per batch: fp32 (or as stored). Tied: one matrix serves
     // both (the embedding reads its rows).
-    if (c.tied_embeddings) {
+    if (c.tied_embeddings && !embed_q.empty()) {
+      lm_head_ = linear(std::vector<quantized_matrix>{std::move(embed_q)}, vector());
+    } else if (c.tied_embeddings) {
       lm_head_ = linear(std::move(embed), true, weight_type::f32, gemm_backend::eigen);
     } else {
-      embed_ = std::move(embed);
-      lm_head_ = linear(std::move(head), false, weight_type::f32, lay);
+      if (embed_q.empty()) {
+        embed_ = std::move(embed);
+      } else {
+        embed_q_ = std::move(embed_q);
+      }
+      lm_head_ = head_q.empty()
+                     ? linear(std::move(head), false, weight_type::f32, lay)
+                     : linear(std::vector<quantized_matrix>{std::move(head_q)}, vector());
     }
   }
 
-  const float* embedding(std::int32_t token) const noexcept {
+  // Token `token`'s embedding into out[hidden]: a row of the fp32 table, or decoded from the
+  // rows held as stored.
+  void embedding(std::int32_t token, float* out) const noexcept {
+    const quantized_matrix* q = cfg_.tied_embeddings && lm_head_.quantized()
+                                    ? &lm_head_.quantized_segments()[0]
+                                    : (embed_q_.empty() ? nullptr : &embed_q_);
+    if (q != nullptr) {
+      q->decode_rows(token, 1, out);
+      return;
+    }
     const matrix& e = cfg_.tied_embeddings ? lm_head_.weights() : embed_;
-    return e.data() + static_cast<std::size_t>(token) * static_cast<std::size_t>(cfg_.hidden);
+    std::copy_n(e.data() + static_cast<std::size_t>(token) * static_cast<std::size_t>(cfg_.hidden),
+                cfg_.hidden, out);
   }
 
   // The forward pass over a packed batch whose K and V go into the result's own buffers.
@@ -533,8 +572,7 @@ class model {
   // h = the embedding of every row's token.
   void embed(detail::pass& p, const detail::batch& b) const {
     for (Eigen::Index t = 0; t < p.n; ++t) {
-      p.h.row(t) = Eigen::Map<const Eigen::RowVectorXf>(
-          embedding(b.token[static_cast<std::size_t>(t)]), cfg_.hidden);
+      embedding(b.token[static_cast<std::size_t>(t)], p.h.row(t).data());
     }
   }
 
@@ -632,6 +670,7 @@ class model {
   mutable detail::workspace_slot work_;  // activations kept between passes
   std::vector<layer> layers_;
   std::map<std::string, int> quantized_types_;  // held quantized: matrices of each ggml type
+  quantized_matrix embed_q_;                    // untied embedding held as stored, or empty
   matrix embed_;       // [vocab][hidden]  (empty when tied: lm_head_ holds it)
   vector final_norm_;  // [hidden]
   linear lm_head_;     // [hidden][vocab], or the embedding [vocab][hidden] transposed

@@ -204,13 +204,20 @@ inline void check_weights(const config& c, const weights& w) {
 }
 
 /// A model's weights handed over a piece at a time, each piece asked for once and in this
-/// order: embed, layer(0) .. layer(n_layers - 1), final_norm, lm_head (an empty matrix when the
-/// embeddings are tied). A model built from a source holds at most one layer in this fp32 form
+/// order: embed_quantized then (if that is empty) embed, layer(0) .. layer(n_layers - 1),
+/// final_norm, then (untied) lm_head_quantized and (if that is empty) lm_head; tied, lm_head
+/// (an empty matrix). A model built from a source holds at most one layer in this fp32 form
 /// besides its prepared weights, so a model with bf16 projections never holds its fp32 weights
 /// whole. Errors are the source's own (a checkpoint's names the file and tensor).
 class weight_source {
  public:
   virtual ~weight_source() = default;
+  /// The embedding as a checkpoint stores it ([vocab][hidden] rows), asked for before embed();
+  /// empty (the default) for sources that hand it over in fp32, and then embed() is asked.
+  virtual quantized_matrix embed_quantized() { return {}; }
+  /// The untied LM head as stored ([vocab][hidden] rows), asked for before lm_head(); empty (the
+  /// default): lm_head() is asked.
+  virtual quantized_matrix lm_head_quantized() { return {}; }
   virtual matrix embed() = 0;
   virtual layer_weights layer(int l) = 0;
   virtual vector final_norm() = 0;
