@@ -139,7 +139,6 @@ inline std::optional<ggml_block> dequantizable_block(ggml_type t) noexcept {
     case ggml_type::f32:
       return ggml_block{1, 4};
     case ggml_type::f16:
-      return ggml_block{1, 2};
     case ggml_type::bf16:
       return ggml_block{1, 2};
     case ggml_type::q4_0:
