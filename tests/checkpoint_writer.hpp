@@ -17,6 +17,7 @@
 
 #include "prepack/numeric.hpp"
 #include "prepack/reference/weights.hpp"
+#include "q8_0.hpp"
 
 namespace test {
 
@@ -291,15 +292,8 @@ inline std::vector<unsigned char> gguf_bytes(const ref::config& c, const ref::we
     data.pad(32);
     h.put<std::uint64_t>(data.bytes.size());
     if (ty == dtype::q8_0) {
-      for (std::size_t b = 0; b < t.values.size(); b += 32) {
-        float amax = 0;
-        for (std::size_t k = 0; k < 32; ++k) amax = std::max(amax, std::abs(t.values[b + k]));
-        const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
-        data.put<std::uint16_t>(prepack::half::from_float(d));
-        for (std::size_t k = 0; k < 32; ++k) {
-          data.put<std::int8_t>(static_cast<std::int8_t>(std::round(t.values[b + k] * id)));
-        }
-      }
+      const auto q = q8_0_bytes(t.values.data(), t.values.size());
+      data.bytes.insert(data.bytes.end(), q.begin(), q.end());
     } else {
       for (float v : t.values) {
         if (ty == dtype::f32)

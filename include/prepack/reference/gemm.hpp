@@ -700,10 +700,8 @@ class linear {
       for (Eigen::Index p = 0; p < panels; ++p) {
         float* row = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
         const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0);
-        std::size_t seg = 0;
         for (Eigen::Index j = c0; j < c0 + w; ++j) {
-          while (seg + 1 < q_.size() && q_start_[seg + 1] <= j) ++seg;
-          q_[seg].decode_rows(j - q_start_[seg], 1, row);
+          decode_row(j, row);
           const Eigen::Map<const Eigen::VectorXf> wr(row, k);
           for (Eigen::Index i = 0; i < m; ++i) {
             const float y = Eigen::Map<const Eigen::VectorXf>(x + i * ldx, k).dot(wr);
@@ -771,22 +769,24 @@ class linear {
     }
   }
 
-  // Output rows [r0, r0 + n) of a quantized layer decoded into out[n][in], across its segments;
-  // rows shared among the threads when `parallel` (else no OpenMP construct is entered: a nested
-  // one costs microseconds per call).
+  // Output row r of a quantized layer decoded into out[in], from the segment holding it.
+  void decode_row(Eigen::Index r, float* out) const noexcept {
+    std::size_t s = q_.size() - 1;
+    while (q_start_[s] > r) --s;
+    q_[s].decode_rows(r - q_start_[s], 1, out);
+  }
+
+  // Output rows [r0, r0 + n) of a quantized layer decoded into out[n][in]; rows shared among the
+  // threads when `parallel` (else no OpenMP construct is entered: a nested one costs
+  // microseconds per call).
   void decode_rows(Eigen::Index r0, Eigen::Index n, float* out, bool parallel) const {
     const Eigen::Index k = cols_;
-    const auto one = [&](Eigen::Index r) {
-      std::size_t s = q_.size() - 1;
-      while (q_start_[s] > r) --s;
-      q_[s].decode_rows(r - q_start_[s], 1, out + (r - r0) * k);
-    };
     if (!parallel) {
-      for (Eigen::Index r = r0; r < r0 + n; ++r) one(r);
+      for (Eigen::Index r = r0; r < r0 + n; ++r) decode_row(r, out + (r - r0) * k);
       return;
     }
     PREPACK_OMP(parallel for schedule(static))
-    for (Eigen::Index r = r0; r < r0 + n; ++r) one(r);
+    for (Eigen::Index r = r0; r < r0 + n; ++r) decode_row(r, out + (r - r0) * k);
   }
 
 #ifdef PREPACK_HAVE_ONEDNN

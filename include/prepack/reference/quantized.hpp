@@ -99,13 +99,6 @@ struct quantized_matrix {
     }
     return q;
   }
-
-  /// The model's semantic [in][out] fp32 form (a copy: cols x rows floats).
-  matrix widened() const {
-    matrix rowsw(rows, cols);
-    decode_rows(0, rows, rowsw.data());
-    return rowsw.transpose();
-  }
 };
 
 /// The projections of one layer a source hands over in the file's encoding; each one non-empty
