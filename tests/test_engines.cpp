@@ -24,6 +24,8 @@
 #include <random>
 #include <set>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common.hpp"
@@ -131,39 +133,100 @@ prepack::step_inputs<> mixed_step(std::mt19937_64& rng, std::size_t bs,
 
 // ---------- vLLM v1 ----------
 // vLLM's region of request q (vllm/v1/attention/backends/utils.py,
-// reorder_batch_to_split_decodes_and_prefills, decode_threshold 1): no context yet: prefill (3);
-// context and more than one token: long extend (2); one token of a prompt still prefilling
+// reorder_batch_to_split_decodes_and_prefills): no context yet: prefill (3); context and more
+// than decode_threshold tokens: long extend (2); as few tokens of a prompt still prefilling
 // (num_computed_tokens < num_prompt_tokens): short extend (1); else decode (0).
-int vllm_region(const prepack::step_inputs<>& in, std::size_t q) {
-  const bool has_context = in.context_lens[q] > 0, below = in.query_lens[q] <= 1;
+int vllm_region(const prepack::step_inputs<>& in, std::size_t q, int threshold = 1) {
+  const bool has_context = in.context_lens[q] > 0, below = in.query_lens[q] <= threshold;
   const bool done_prefilling = in.context_lens[q] >= in.prompt_lens[q];
   if (!has_context) return 3;
   if (!below) return 2;
   return done_prefilling ? 0 : 1;
 }
 
+// The batch order reorder_batch_to_split_decodes_and_prefills leaves, statement by statement
+// (vllm/v1/attention/backends/utils.py, vLLM 0.32): target_regions = repeat([0, 1, 2, 3],
+// counts); orig_indices = where(req_regions != target_regions); src_indices = orig_indices
+// [argsort(req_regions[needs_swap], stable)]; src_dest_map = {src: dst}; then for each src (in
+// insertion order) swap_states(src, dst) along the cycle, marking each dst done.
+std::vector<std::size_t> vllm_v1_order(const prepack::step_inputs<>& in, int threshold) {
+  const std::size_t n = in.n_seqs();
+  std::vector<std::size_t> batch(n);
+  for (std::size_t i = 0; i < n; ++i) batch[i] = i;
+  std::vector<int> req_regions(n), target;
+  for (std::size_t i = 0; i < n; ++i) req_regions[i] = vllm_region(in, i, threshold);
+  for (int region = 0; region < 4; ++region) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (req_regions[i] == region) target.push_back(region);
+    }
+  }
+  std::vector<std::size_t> orig_indices;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (req_regions[i] != target[i]) orig_indices.push_back(i);
+  }
+  std::vector<std::size_t> sorted_order(orig_indices.size());
+  for (std::size_t k = 0; k < sorted_order.size(); ++k) sorted_order[k] = k;
+  std::stable_sort(sorted_order.begin(), sorted_order.end(), [&](std::size_t a, std::size_t b) {
+    return req_regions[orig_indices[a]] < req_regions[orig_indices[b]];
+  });
+  std::vector<std::pair<std::size_t, std::size_t>> keys;  // the dict's insertion order
+  std::map<std::size_t, std::size_t> src_dest_map;
+  for (std::size_t k = 0; k < orig_indices.size(); ++k) {
+    const std::size_t src = orig_indices[sorted_order[k]];
+    keys.emplace_back(src, orig_indices[k]);
+    src_dest_map[src] = orig_indices[k];
+  }
+  for (const auto& key : keys) {
+    const std::size_t src = key.first;
+    std::size_t dst = src_dest_map[src];
+    while (src != dst) {
+      std::swap(batch[src], batch[dst]);
+      const auto it = src_dest_map.find(dst);
+      const std::size_t next_dst = it == src_dest_map.end() ? dst : it->second;
+      src_dest_map[dst] = dst;
+      dst = next_dst;
+    }
+  }
+  return batch;
+}
+
+// V2's order (vllm/v1/worker/gpu/model_runner.py, sort_batch_req_ids without drafts): sorted
+// by the key (num_tokens != decode_query_len, num_tokens), Python's sort being stable.
+std::vector<std::size_t> vllm_v2_order(const prepack::step_inputs<>& in) {
+  std::vector<std::size_t> order(in.n_seqs());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    const int na = in.query_lens[a], nb = in.query_lens[b];
+    return std::make_tuple(na != 1, na) < std::make_tuple(nb != 1, nb);
+  });
+  return order;
+}
+
 void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
-  const auto m = prepack::vllm::make_step(in, {0, in.n_tokens() + 3});
+  prepack::vllm::options v1;
+  v1.num_tokens_padded = in.n_tokens() + 3;
+  v1.model_runner = prepack::vllm::runner::v1;
+  const auto m = prepack::vllm::make_step(in, v1);
   const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
   ASSERT_EQ(m.num_reqs, static_cast<int>(n)) << where;
   ASSERT_EQ(m.num_actual_tokens, static_cast<int>(in.n_tokens()));
-  // The batch as reorder_batch_to_split_decodes_and_prefills leaves it: decode -> short extend
-  // -> long extend -> prefill, which split_decodes_and_prefills assumes; the step's order kept
-  // within a region.
+  // The batch as each runner orders it: V1 with a backend's reorder_batch_threshold (1 by
+  // default: split_decodes_and_prefills needs decodes first; 128 as FlashMLA; 0 as the CPU
+  // backend: no reorder), V2.
+  ASSERT_EQ(m.req_order, vllm_v1_order(in, 1)) << where;
+  for (const int threshold : {0, 128}) {
+    prepack::vllm::options o;
+    o.model_runner = prepack::vllm::runner::v1;
+    o.reorder_batch_threshold = static_cast<std::size_t>(threshold);
+    std::vector<std::size_t> want(n);
+    for (std::size_t i = 0; i < n; ++i) want[i] = i;
+    if (threshold > 0) want = vllm_v1_order(in, threshold);
+    ASSERT_EQ(prepack::vllm::make_step(in, o).req_order, want) << where;
+  }
+  ASSERT_EQ(prepack::vllm::make_step(in).req_order, vllm_v2_order(in)) << where;  // V2: default
   ASSERT_EQ(m.req_order.size(), n);
-  std::vector<bool> seen(n, false);
-  for (std::size_t r = 0; r < n; ++r) {
-    const std::size_t q = m.req_order[r];
-    ASSERT_LT(q, n);
-    ASSERT_FALSE(seen[q]);
-    seen[q] = true;
-    if (r > 0) {
-      const std::size_t p = m.req_order[r - 1];
-      ASSERT_LE(vllm_region(in, p), vllm_region(in, q)) << where;
-      if (vllm_region(in, p) == vllm_region(in, q)) {
-        ASSERT_LT(p, q) << where;
-      }
-    }
+  for (std::size_t r = 1; r < n; ++r) {  // decodes first, as split_decodes_and_prefills needs
+    ASSERT_LE(vllm_region(in, m.req_order[r - 1]), vllm_region(in, m.req_order[r])) << where;
   }
   // query_start_loc: prefix sums of num_scheduled_tokens, in that order.
   std::vector<int> qsl{0};
@@ -175,6 +238,8 @@ void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
     const int computed = in.context_lens[q], scheduled = in.query_lens[q];
     ASSERT_EQ(m.req_ids[r], in.seq_id[q]);
     ASSERT_EQ(m.num_computed_tokens[r], computed);
+    // is_prefilling = num_computed_tokens_cpu < num_prompt_tokens_cpu (gpu_model_runner.py)
+    ASSERT_EQ(m.is_prefilling[r] != 0, in.context_lens[q] < in.prompt_lens[q]) << where;
     ASSERT_EQ(m.seq_lens[r], computed + scheduled) << where;  // computed + newly scheduled
     max_q = std::max(max_q, scheduled);
     max_s = std::max(max_s, computed + scheduled);
@@ -224,7 +289,10 @@ void expect_vllm(const prepack::step_inputs<>& in, const std::string& where) {
   // V2's full-CUDA-graph padding (vllm/v1/worker/gpu/model_runner.py: query_start_loc_np
   // [num_reqs + 1:] = num_tokens; seq_lens' padded entries left at zero; the block-table gather
   // zeroes padded rows).
-  const auto padded = prepack::vllm::make_step(in, {0, 0, n + 2});
+  prepack::vllm::options pad = v1;
+  pad.num_tokens_padded = 0;
+  pad.num_reqs_padded = n + 2;
+  const auto padded = prepack::vllm::make_step(in, pad);
   ASSERT_EQ(padded.num_reqs, static_cast<int>(n));
   ASSERT_EQ(padded.num_reqs_padded, static_cast<int>(n + 2));
   ASSERT_EQ(padded.query_start_loc.size(), n + 3);
@@ -476,7 +544,8 @@ TEST(Engines, EveryFormMatchesItsEnginesDefinitionOnRandomSteps) {
   EXPECT_GT(cascades, 10);  // suffix steps of shared prefixes give cascade levels
 }
 
-// vLLM's batch order on a step holding all four regions in reverse.
+// vLLM's batch order on a step holding all four regions in reverse: V1 with a backend's
+// reorder_batch_threshold of 1 reverses it; V2 sorts by tokens (1, 1, 3, 3).
 TEST(Engines, VllmOrdersDecodesFirstAsItsBackendsSplitThem) {
   std::vector<std::vector<std::int32_t>> rows{{1, 2}, {3, 4}, {5, 6, 7}, {8, 9, 10}};
   prepack::step_builder<> b(4, 16, [](std::size_t q) { return "seq " + std::to_string(q); });
@@ -491,14 +560,42 @@ TEST(Engines, VllmOrdersDecodesFirstAsItsBackendsSplitThem) {
   b.add(3, 13, 9, prepack::span<const int>(one), prepack::span<const std::int32_t>(rows[3]), true,
         true, 5);
   const auto in = std::move(b).finish();
-  const auto m = prepack::vllm::make_step(in);
+  prepack::vllm::options v1;
+  v1.model_runner = prepack::vllm::runner::v1;
+  const auto m = prepack::vllm::make_step(in, v1);
   EXPECT_EQ(m.req_order, (std::vector<std::size_t>{3, 2, 1, 0}));
+  EXPECT_EQ(prepack::vllm::make_step(in).req_order, (std::vector<std::size_t>{2, 3, 0, 1}));
   EXPECT_EQ(m.query_start_loc, (std::vector<std::int32_t>{0, 1, 2, 5, 8}));
   EXPECT_EQ(m.req_ids, (std::vector<std::int64_t>{13, 12, 11, 10}));
   expect_vllm(in, "regions");
   const auto f = prepack::sglang::make_forward_batch(in);
   EXPECT_EQ(f.seq_order, (std::vector<std::size_t>{0, 1, 2, 3}));  // extends, then the decode
   EXPECT_EQ(f.mode, prepack::sglang::forward_mode::mixed);
+}
+
+// vLLM's V1 reorder swaps, it does not sort stably: a prefill ahead of two decodes trades places
+// with the last decode (reorder_batch_to_split_decodes_and_prefills: needs_swap at positions 0
+// and 2, src_dest_map {2: 0, 0: 2}, one swap_states(2, 0)), so the decodes run 2, 1. V2 sorts
+// stably by tokens (1, 1, 3): 1, 2, 0. Backends without a threshold (CPU) keep 0, 1, 2.
+TEST(Engines, VllmBatchOrderIsEachRunnersOwn) {
+  std::vector<std::vector<std::int32_t>> rows{{1}, {2}, {3}};
+  prepack::step_builder<> b(4, 8, [](std::size_t q) { return "seq " + std::to_string(q); });
+  const std::vector<int> three{1, 2, 3}, one{4};
+  b.add(0, 10, 0, prepack::span<const int>(three), prepack::span<const std::int32_t>(rows[0]), true,
+        false, 3);
+  for (std::size_t q = 1; q < 3; ++q) {
+    b.add(q, static_cast<std::int64_t>(10 + q), 2, prepack::span<const int>(one),
+          prepack::span<const std::int32_t>(rows[q]), true, true, 2);
+  }
+  const auto in = std::move(b).finish();
+  prepack::vllm::options v1;
+  v1.model_runner = prepack::vllm::runner::v1;
+  EXPECT_EQ(prepack::vllm::make_step(in, v1).req_order, (std::vector<std::size_t>{2, 1, 0}));
+  EXPECT_EQ(prepack::vllm::make_step(in, v1).is_prefilling, (std::vector<std::uint8_t>{0, 0, 1}));
+  v1.reorder_batch_threshold = 0;
+  EXPECT_EQ(prepack::vllm::make_step(in, v1).req_order, (std::vector<std::size_t>{0, 1, 2}));
+  EXPECT_EQ(prepack::vllm::make_step(in).req_order, (std::vector<std::size_t>{1, 2, 0}));  // V2
+  expect_vllm(in, "three");
 }
 
 // What the engines would fail on is refused: an empty step (vLLM's _prepare_inputs asserts

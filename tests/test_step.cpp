@@ -186,6 +186,59 @@ TEST(Step, WritesBeforeReadsLetsASequenceReadABlockWrittenInTheStep) {
                        "block 2 is also written by prompt 0");
 }
 
+// A step an engine's scheduler decided, in its order: each sequence's tokens at its positions
+// over its own blocks, as a schedule's step with the same chunks gives them.
+TEST(Step, SequenceInputsEqualTheScheduleStepOfTheSameChunks) {
+  std::vector<prepack::schedule_item> items(2);
+  items[0].length = 6;
+  items[0].prompt = 0;
+  items[1].length = 3;
+  items[1].context = 5;
+  items[1].prompt = 1;
+  const auto sched =
+      prepack::budgeted_schedule(prepack::span<const prepack::schedule_item>(items), {16});
+  ASSERT_EQ(sched.n_steps(), 1u);
+  const std::vector<std::vector<int>> toks{{1, 2, 3, 4, 5, 6}, {7, 8, 9}};
+  const auto tables = prepack::make_block_tables({{1, 2}, {3, 4}}, 4);
+  const auto want = prepack::make_step_inputs(sched, 0, toks, tables, 8);
+  std::vector<prepack::scheduled_sequence<int>> seqs(2);
+  for (std::size_t q = 0; q < 2; ++q) {
+    const std::size_t i = want.seq_item[q];
+    seqs[q] = {static_cast<std::int64_t>(i),
+               items[i].context,
+               prepack::span<const int>(toks[i]),
+               tables.blocks(i),
+               items[i].context + items[i].length,
+               true,
+               false};
+  }
+  const auto got = prepack::make_sequence_inputs(
+      prepack::span<const prepack::scheduled_sequence<int>>(seqs), 4, 8);
+  EXPECT_EQ(got.seq_id, want.seq_id);
+  EXPECT_EQ(got.context_lens, want.context_lens);
+  EXPECT_EQ(got.cu_seqlens_q, want.cu_seqlens_q);
+  EXPECT_EQ(got.positions, want.positions);
+  EXPECT_EQ(got.slot_mapping, want.slot_mapping);
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.logits, want.logits);
+  EXPECT_EQ(got.prompt_lens, want.prompt_lens);
+  EXPECT_EQ(got.tables.table, want.tables.table);
+  // Malformed: a table short of the positions, a block past the pool, a read-write hazard.
+  const std::vector<std::int32_t> short_row{1}, far_row{1, 9}, shared{3, 5};
+  seqs[want.seq_item[0] == 0 ? 0 : 1].blocks = prepack::span<const std::int32_t>(short_row);
+  const auto run = [&] {
+    return prepack::make_sequence_inputs(
+        prepack::span<const prepack::scheduled_sequence<int>>(seqs), 4, 8);
+  };
+  EXPECT_PREPACK_ERROR(run(), "sequence 0: positions up to 6 need 2 blocks of 4");
+  seqs[want.seq_item[0] == 0 ? 0 : 1].blocks = prepack::span<const std::int32_t>(far_row);
+  EXPECT_PREPACK_ERROR(run(), "sequence 0: block_table[1] = 9 outside the pool's blocks 0..7");
+  seqs[want.seq_item[0] == 0 ? 0 : 1].blocks = prepack::span<const std::int32_t>(shared);
+  EXPECT_PREPACK_ERROR(run(), "holds context it reads, but sequence 0 writes that block");
+  EXPECT_NO_THROW(prepack::make_sequence_inputs(
+      prepack::span<const prepack::scheduled_sequence<int>>(seqs), 4, 8, true));
+}
+
 TEST(StepErrors, ReadWriteHazardIsRefused) {
   // Prompt 0 (8 tokens) is chunked 6 + 2; prompt 1 (4 tokens) runs in step 1 beside chunk 2.
   std::vector<prepack::schedule_item> items(2);

@@ -334,6 +334,40 @@ step_inputs<Token, Index> make_decode_inputs(const std::vector<decode_sequence<T
                                           n_blocks);
 }
 
+/// One sequence of a step an engine's own scheduler decided (vLLM's SchedulerOutput, SGLang's
+/// ScheduleBatch): it computes `tokens` at positions context .. context + n - 1 over its blocks.
+template <class T = std::int32_t>
+struct scheduled_sequence {
+  std::int64_t id = 0;              // the caller's id (a request id)
+  std::size_t context = 0;          // positions cached before this step (num_computed_tokens)
+  span<const T> tokens;             // the tokens it computes in this step (at least one)
+  span<const std::int32_t> blocks;  // its block table row, covering context + tokens positions
+  std::size_t prompt_len = 0;       // its prompt's tokens (vLLM's num_prompt_tokens)
+  bool completes = false;           // its last token's logits are wanted (the prompt is done)
+  bool decode = false;              // it feeds back a generated token
+};
+
+/// The inputs of a step whose sequences the caller scheduled, in the caller's order (an engine
+/// keeping its own scheduler and using prepack for the step's arrays and engine forms). Throws
+/// prepack::error as step_builder does ("sequence <id>: ..."), writes_before_reads as there.
+/// Cost: O(step tokens + b log b) for the b blocks the sequences touch.
+template <class Token = std::int32_t, class Index = std::int32_t, class T>
+step_inputs<Token, Index> make_sequence_inputs(span<const scheduled_sequence<T>> seqs,
+                                               std::size_t block_size, std::size_t n_blocks,
+                                               bool writes_before_reads = false) {
+  step_builder<Token, Index> b(
+      block_size, n_blocks, [&](std::size_t q) { return "sequence " + std::to_string(seqs[q].id); },
+      writes_before_reads);
+  std::size_t n_tokens = 0;
+  for (const auto& s : seqs) n_tokens += s.tokens.size();  // a hint: add checks each
+  b.reserve(seqs.size(), n_tokens);
+  for (std::size_t q = 0; q < seqs.size(); ++q) {
+    const auto& s = seqs[q];
+    b.add(q, s.id, s.context, s.tokens, s.blocks, s.completes, s.decode, s.prompt_len);
+  }
+  return std::move(b).finish();
+}
+
 /// A step laid out as rows, for engines that take rectangular batches: the chunks of the step
 /// packed first-fit-decreasing into rows of `capacity` (default: the longest chunk), each
 /// prompt's positions from its context on, and the slot mapping of every slot (-1 on pads).

@@ -52,8 +52,16 @@ void bind_engines(nb::module_& m) {
       "make_step",
       [](const step_inputs_box& b, std::size_t max_num_blocks_per_req,
          std::size_t num_tokens_padded, std::size_t num_reqs_padded,
-         std::size_t block_size_multiple) {
+         std::size_t block_size_multiple, const std::string& runner,
+         std::size_t reorder_batch_threshold) {
         prepack::vllm::options o;
+        if (runner == "v1") {
+          o.model_runner = prepack::vllm::runner::v1;
+        } else if (runner != "v2") {
+          throw nb::value_error(
+              ("vllm.make_step: runner '" + runner + "', not 'v1' or 'v2'").c_str());
+        }
+        o.reorder_batch_threshold = reorder_batch_threshold;
         o.block_size_multiple = block_size_multiple;
         o.max_num_blocks_per_req = max_num_blocks_per_req;
         o.num_tokens_padded = num_tokens_padded;
@@ -73,6 +81,7 @@ void bind_engines(nb::module_& m) {
         d["query_start_loc"] = to_numpy(std::move(s.query_start_loc));
         d["seq_lens"] = to_numpy(std::move(s.seq_lens));
         d["num_computed_tokens"] = to_numpy(std::move(s.num_computed_tokens));
+        d["is_prefilling"] = as_bool(std::move(s.is_prefilling));
         d["block_table_tensor"] =
             to_numpy(std::move(s.block_table_tensor),
                      {static_cast<std::size_t>(s.num_reqs_padded), s.max_num_blocks_per_req});
@@ -84,13 +93,18 @@ void bind_engines(nb::module_& m) {
         return d;
       },
       "inputs"_a, "max_num_blocks_per_req"_a = 0, "num_tokens_padded"_a = 0,
-      "num_reqs_padded"_a = 0, "block_size_multiple"_a = 0,
-      "The step as vLLM v1's model runner builds it, requests in vLLM's batch order (decodes, "
-      "short extends, long extends, prefills): req_order [num_reqs] int64 (the step's "
-      "sequence at each position); num_reqs, num_actual_tokens, "
-      "max_query_len, max_seq_len, block_size, common_prefix_len (ints); req_ids [num_reqs] "
-      "int64; query_start_loc [num_reqs + 1], seq_lens, num_computed_tokens, logits_indices "
-      "[num_reqs] int32; block_table_tensor [num_reqs, max_num_blocks_per_req] int32 (0 past a "
+      "num_reqs_padded"_a = 0, "block_size_multiple"_a = 0, "runner"_a = "v2",
+      "reorder_batch_threshold"_a = 1,
+      "The step as vLLM's model runner builds it, requests in that runner's batch order from "
+      "the step's ('v2', vLLM's default from 0.25 and only runner from 0.34: sorted by tokens, "
+      "single tokens first; 'v1' with the attention backend's reorder_batch_threshold: "
+      "decodes, short extends, long extends, prefills by vLLM's own swaps, 0 for backends that "
+      "keep the order: CPU, FlashAttention, Triton): "
+      "req_order [num_reqs] int64 (the step's sequence at each position); num_reqs, "
+      "num_actual_tokens, max_query_len, max_seq_len, block_size, common_prefix_len (ints); "
+      "req_ids [num_reqs] int64; query_start_loc [num_reqs + 1], seq_lens, num_computed_tokens, "
+      "logits_indices [num_reqs] int32; is_prefilling [num_reqs] bool; block_table_tensor "
+      "[num_reqs, max_num_blocks_per_req] int32 (0 past a "
       "request's blocks); input_ids [num_tokens] int32, positions and slot_mapping "
       "[num_tokens] int64 (-1 on padding); discard_request_mask [num_reqs] bool.");
 

@@ -499,6 +499,55 @@ void bind_steps(nb::module_& m) {
       "position contexts[q] over its blocks tables.blocks(q). O(sequences + blocks).");
 
   m.def(
+      "sequence_inputs",
+      [](array_like ids, prompts_like tokens, array_like contexts, const prepack::block_tables& t,
+         std::size_t n_blocks, optional_array_like prompt_lens, optional_array_like completes,
+         optional_array_like decodes, bool writes_before_reads) {
+        const auto id = int_array<std::int64_t>(ids, "ids").vector();
+        prompts storage;
+        const prompts& toks = as_prompts(tokens, storage);
+        const auto ctx = int_array<std::int64_t>(contexts, "contexts").vector();
+        const auto pl = optional_ints<std::int64_t>(prompt_lens, "prompt_lens");
+        const auto done = optional_ints<std::int64_t>(completes, "completes");
+        const auto dec = optional_ints<std::int64_t>(decodes, "decodes");
+        const std::size_t n = id.size();
+        prepack::detail::require(
+            toks.tokens.size() == n && ctx.size() == n && t.n_seqs() >= n &&
+                (pl.empty() || pl.size() == n) && (done.empty() || done.size() == n) &&
+                (dec.empty() || dec.size() == n),
+            "sequence inputs: ", n, " ids, ", toks.tokens.size(), " token lists, ", ctx.size(),
+            " contexts, ", t.n_seqs(), " table rows, ", pl.size(), " prompt lengths, ", done.size(),
+            " completes, ", dec.size(), " decodes");
+        std::vector<prepack::scheduled_sequence<std::int32_t>> seqs(n);
+        for (std::size_t q = 0; q < n; ++q) {
+          prepack::detail::require(ctx[q] >= 0, "sequence ", id[q], ": context ", ctx[q]);
+          prepack::detail::require(pl.empty() || pl[q] >= 0, "sequence ", id[q], ": prompt length ",
+                                   pl.empty() ? 0 : pl[q]);
+          const auto c = static_cast<std::size_t>(ctx[q]);
+          const std::size_t end = c + toks.tokens[q].size();  // both far below 2^63
+          const std::size_t prompt = pl.empty() ? end : static_cast<std::size_t>(pl[q]);
+          seqs[q] = {id[q],
+                     c,
+                     prepack::span<const std::int32_t>(toks.tokens[q]),
+                     t.blocks(q),
+                     prompt,
+                     done.empty() ? end >= prompt : done[q] != 0,
+                     dec.empty() ? c >= prompt : dec[q] != 0};
+        }
+        return step_inputs_box{prepack::make_sequence_inputs<std::int32_t, std::int32_t>(
+            prepack::span<const prepack::scheduled_sequence<std::int32_t>>(seqs), t.block_size,
+            n_blocks, writes_before_reads)};
+      },
+      "ids"_a, "tokens"_a, "contexts"_a, "tables"_a, "n_blocks"_a, "prompt_lens"_a = nb::none(),
+      "completes"_a = nb::none(), "decodes"_a = nb::none(), "writes_before_reads"_a = false,
+      "A step an engine's own scheduler decided (prepack::make_sequence_inputs), in its order: "
+      "sequence q (id ids[q]) computes tokens[q] at positions contexts[q] on, over its blocks "
+      "tables.blocks(q). prompt_lens: each prompt's tokens (default: context + tokens); "
+      "completes: its logits are wanted (default: it reaches its prompt's end); decodes: it "
+      "feeds back a generated token (default: context >= prompt length). ValueError naming the "
+      "sequence and value as step_inputs. O(step tokens + blocks it touches).");
+
+  m.def(
       "step_layout",
       [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
          const prepack::block_tables& tables, std::size_t n_blocks,

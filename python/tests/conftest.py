@@ -70,3 +70,19 @@ def real_model_file():
             pytest.fail(f"prepack-oracle: required, but {reason}", pytrace=False)
         pytest.skip(f"prepack-skip: {reason}", allow_module_level=True)
     return path
+
+
+_REPORT = []
+
+
+def report(line):
+    """A line for the run's summary (what an oracle test checked: counts, worst error), printed
+    after the tests however pytest captures output, so the CI log carries it."""
+    _REPORT.append(line.strip())
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORT:
+        terminalreporter.section("what the oracles checked")
+        for line in _REPORT:
+            terminalreporter.write_line(line)

@@ -91,6 +91,7 @@ json step_json(const prepack::step_inputs<std::int32_t, std::int32_t>& in, std::
                {"query_start_loc", arr(v.query_start_loc)},
                {"seq_lens", arr(v.seq_lens)},
                {"num_computed_tokens", arr(v.num_computed_tokens)},
+               {"is_prefilling", arr(v.is_prefilling)},
                {"block_table_tensor", arr(v.block_table_tensor)},
                {"input_ids", arr(v.input_ids)},
                {"positions", arr(v.positions)},

