@@ -1,8 +1,10 @@
 // A driver that instantiates every std-only public template, so clang-tidy (.clang-tidy, run by
 // .ci/run) sees their bodies; also built and run as a test.
+#include <prepack/engines.hpp>
 #include <prepack/prepack.hpp>
 #include "support/workload.hpp"
 
+#include <cstdint>
 #include <vector>
 
 int main() {
@@ -39,8 +41,19 @@ int main() {
   const auto sp = prepack::split_rows(p, 1);
   const auto lb = prepack::length_sorted_batches(prepack::span<const int>(len), 2);
   const auto w = support::generate_lengths(support::profile::heavy, 10, 1);
-  const bool sane = m.size() == a.size() && v.slot.size() == t.pos.size() && c.size() == 3 &&
-                    sp.size() == p.n_rows() && lb.size() == 2 && w.size() == 10 &&
-                    bp.n_rows() == p.n_rows() && fp.slots() == 10;
+  const std::vector<int> toks{1, 2, 3};
+  const std::vector<std::int32_t> row{1};
+  const prepack::scheduled_sequence<int> seq{
+      7, 0, prepack::span<const int>(toks), prepack::span<const std::int32_t>(row), 3, true, false};
+  const auto in = prepack::make_sequence_inputs(
+      prepack::span<const prepack::scheduled_sequence<int>>(&seq, 1), 4, 2);
+  prepack::vllm::options v1;
+  v1.model_runner = prepack::vllm::runner::v1;
+  const auto vf = prepack::vllm::make_step(in, v1);
+  const auto vs = prepack::vllm::make_step(in);
+  const bool sane = vf.req_order == vs.req_order && m.size() == a.size() &&
+                    v.slot.size() == t.pos.size() && c.size() == 3 && sp.size() == p.n_rows() &&
+                    lb.size() == 2 && w.size() == 10 && bp.n_rows() == p.n_rows() &&
+                    fp.slots() == 10;
   return sane ? 0 : 1;
 }
