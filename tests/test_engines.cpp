@@ -452,11 +452,73 @@ void expect_sglang(const prepack::step_inputs<>& in, const std::string& where) {
           f.req_to_token[r * f.req_to_token_width + static_cast<std::size_t>(f.positions[t])]);
     }
   }
+  // The pool's own table [pool_size][max_context_len], rows kept across steps: SGLang writes an
+  // extend's [0, seq_len) (write_req_to_token_pool_triton: prefix_indices, then out_cache_loc)
+  // and a decode's new position (prepare_for_decode); every other entry keeps what it held.
+  const std::size_t pool_size = 3 * n + 2, max_ctx = f.req_to_token_width + 3;
+  const std::int32_t old = -7;
+  std::vector<std::int32_t> table(pool_size * max_ctx, old);
+  prepack::sglang::write_req_to_token(in, f, prepack::span<std::int32_t>(table), pool_size,
+                                      max_ctx);
+  for (std::size_t row = 0; row < pool_size; ++row) {
+    const auto it = std::find(pool_rows.begin(), pool_rows.end(), static_cast<std::int64_t>(row));
+    const std::size_t r = static_cast<std::size_t>(it - pool_rows.begin());
+    for (std::size_t p = 0; p < max_ctx; ++p) {
+      std::int32_t want = old;
+      if (it != pool_rows.end() && p < static_cast<std::size_t>(f.seq_lens[r])) {
+        const bool decode = in.decodes[order[r]] != 0;
+        if (!decode || p + 1 == static_cast<std::size_t>(f.seq_lens[r])) {
+          want = f.req_to_token[r * f.req_to_token_width + p];
+        }
+      }
+      ASSERT_EQ(table[row * max_ctx + p], want) << where << " row " << row << " position " << p;
+    }
+  }
   bool any_decode = false, any_extend = false;
   for (std::size_t r = 0; r < n; ++r) (in.decodes[r] ? any_decode : any_extend) = true;
   ASSERT_EQ(f.mode, any_decode && any_extend ? prepack::sglang::forward_mode::mixed
                     : any_decode             ? prepack::sglang::forward_mode::decode
                                              : prepack::sglang::forward_mode::extend);
+}
+
+// Each malformed argument of write_req_to_token is refused, naming it, with nothing written.
+TEST(EnginesErrors, SglangReqToTokenRefusesBadRowsAndSizes) {
+  std::vector<std::vector<std::int32_t>> rows{{1, 2}, {3}};
+  prepack::step_builder<> b(4, 8, [](std::size_t q) { return "seq " + std::to_string(q); });
+  const std::vector<int> six{1, 2, 3, 4, 5, 6}, one{7};
+  b.add(0, 40, 0, prepack::span<const int>(six), prepack::span<const std::int32_t>(rows[0]), true,
+        false, 6);
+  b.add(1, 41, 2, prepack::span<const int>(one), prepack::span<const std::int32_t>(rows[1]), true,
+        true, 2);
+  const auto in = std::move(b).finish();
+  const std::vector<std::size_t> order{0, 1};
+  std::vector<std::int32_t> table(4 * 8, -1);
+  const auto table0 = table;
+  const auto write = [&](std::vector<std::int64_t> pool_rows, std::size_t pool, std::size_t ctx,
+                         std::vector<std::size_t> seq_order) {
+    prepack::sglang::write_req_to_token(in, prepack::span<const std::size_t>(seq_order),
+                                        prepack::span<const std::int64_t>(pool_rows),
+                                        prepack::span<std::int32_t>(table), pool, ctx);
+  };
+  EXPECT_PREPACK_ERROR(write({0, 4}, 4, 8, order),
+                       "sglang: request 41: req_pool_indices[1] = 4 outside the pool's rows 0..3");
+  EXPECT_PREPACK_ERROR(write({-1, 2}, 4, 8, order), "req_pool_indices[0] = -1 outside");
+  EXPECT_PREPACK_ERROR(write({2, 2}, 4, 8, order),
+                       "sglang: requests 40 and 41 share req_to_token row 2");
+  EXPECT_PREPACK_ERROR(write({0, 1}, 8, 4, order),
+                       "sglang: request 40: 6 tokens exceed max_context_len 4");
+  EXPECT_PREPACK_ERROR(write({0, 1}, 5, 8, order),
+                       "sglang: req_to_token holds 32 entries, not 5 x 8");
+  EXPECT_PREPACK_ERROR(write({0, 1}, 4, 8, {1, 1}),
+                       "sglang: seq_order[1] = 1 is not a permutation of the step's 2 sequences");
+  EXPECT_PREPACK_ERROR(write({0}, 4, 8, order),
+                       "sglang: 2 seq_order entries and 1 req_pool_indices");
+  EXPECT_EQ(table, table0);  // nothing half-written
+  write({3, 0}, 4, 8, order);
+  EXPECT_EQ(std::vector<std::int32_t>(table.begin() + 24, table.begin() + 32),
+            (std::vector<std::int32_t>{4, 5, 6, 7, 8, 9, -1, -1}));
+  EXPECT_EQ(std::vector<std::int32_t>(table.begin(), table.begin() + 4),
+            (std::vector<std::int32_t>{-1, -1, 14, -1}));  // the decode's one position
 }
 
 // ---------- TensorRT-LLM ----------

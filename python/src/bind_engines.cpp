@@ -255,6 +255,42 @@ void bind_engines(nb::module_& m) {
       "extend_seq_lens, extend_start_loc [bs] int32 (None in DECODE); req_to_token [bs, width] "
       "int32.");
 
+  sg.def(
+      "write_req_to_token",
+      [](const step_inputs_box& b, const nb::dict& form, array_like req_to_token) {
+        nb::ndarray<std::int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> table;
+        if (!nb::try_cast(req_to_token.obj, table, false)) {
+          throw nb::type_error(
+              "sglang.write_req_to_token: req_to_token must be a writable C-contiguous int32 CPU "
+              "array [pool_size, max_context_len] (ReqToTokenPool.req_to_token)");
+        }
+        if (!form.contains("seq_order") || !form.contains("req_pool_indices")) {
+          throw nb::value_error(
+              "sglang.write_req_to_token: form must be make_forward_batch's dict (seq_order, "
+              "req_pool_indices)");
+        }
+        const auto order = int_array<std::int64_t>(form["seq_order"], "seq_order").vector();
+        const auto rows =
+            int_array<std::int64_t>(form["req_pool_indices"], "req_pool_indices").vector();
+        std::vector<std::size_t> seq_order(order.size());
+        for (std::size_t r = 0; r < order.size(); ++r) {
+          prepack::detail::require(order[r] >= 0, "sglang: seq_order[", r, "] = ", order[r]);
+          seq_order[r] = static_cast<std::size_t>(order[r]);
+        }
+        prepack::sglang::write_req_to_token(
+            b.in, prepack::span<const std::size_t>(seq_order),
+            prepack::span<const std::int64_t>(rows),
+            prepack::span<std::int32_t>(table.data(), table.shape(0) * table.shape(1)),
+            table.shape(0), table.shape(1));
+      },
+      "inputs"_a, "form"_a, "req_to_token"_a,
+      "Writes the step into SGLang's ReqToTokenPool.req_to_token [pool_size, max_context_len] "
+      "int32 (numpy or a CPU torch tensor), in place, as SGLang does before the forward pass: "
+      "each extend's positions [0, seq_len) (write_req_to_token_pool_triton), each decode's new "
+      "position (prepare_for_decode), in row form['req_pool_indices'][r]; other entries kept. "
+      "ValueError, writing nothing, for a row outside the pool or shared, a request longer "
+      "than max_context_len. O(step tokens + extends' prefixes).");
+
   nb::module_ tr =
       m.def_submodule("trtllm", "TensorRT-LLM's form of a step (prepack/engines/trtllm.hpp).");
   tr.def(

@@ -96,6 +96,18 @@ def check_engine_definitions(s):
     for r, seq in enumerate(order):
         p = np.arange(s.seq_lens[seq])
         assert g["req_to_token"][r, :len(p)].tolist() == (blocks[seq][p // bs].astype(np.int64) * bs + p % bs).tolist()
+    # The pool's own table, rows at req_pool_indices (write_req_to_token_pool_triton for extends:
+    # [0, seq_len); prepare_for_decode: the new position); the rest untouched.
+    rows = (np.arange(n) * 2 + 1).astype(np.int64)
+    g = prepack.sglang.make_forward_batch(s, req_pool_indices=rows)
+    table = np.full((2 * n + 3, int(s.seq_lens.max()) + 2), -5, np.int32)
+    want = table.copy()
+    for r, seq in enumerate(order):
+        first = int(s.seq_lens[seq]) - 1 if s.decodes[seq] else 0
+        p = np.arange(first, s.seq_lens[seq])
+        want[rows[r], p] = blocks[seq][p // bs] * bs + p % bs
+    prepack.sglang.write_req_to_token(s, g, table)
+    assert np.array_equal(table, want)
 
 
 @pytest.mark.parametrize("policy", ["whole_first", "fill"])
@@ -228,6 +240,10 @@ def test_bad_steps_raise_with_the_cpp_message():
         (lambda: prepack.llama_cpp.make_batch(sched, 1, items, [0, 300]), "seq_id 300 outside llama.cpp's 0..255"),
         (lambda: prepack.prefix_plan([[1, 2], []]), "length 0"),
         (lambda: prepack.sequence_inputs([7, 8], [[1, 2]], [0, 0], t, 8), "sequence inputs: 2 ids, 1 token lists"),
+        (lambda: prepack.sglang.write_req_to_token(
+            prepack.sequence_inputs([7], [[1]], [0], t, 8),
+            prepack.sglang.make_forward_batch(prepack.sequence_inputs([7], [[1]], [0], t, 8), req_pool_indices=[9]),
+            np.zeros((4, 8), np.int32)), "sglang: request 7: req_pool_indices[0] = 9 outside the pool's rows 0..3"),
         (lambda: prepack.sequence_inputs([7], [[1, 2]], [-1], t, 8), "sequence 7: context -1"),
         (lambda: prepack.sequence_inputs([7], [[]], [0], t, 8), "sequence 7: no tokens to compute"),
         (lambda: prepack.sequence_inputs([7, 8], [[1] * 5, [2]], [9, 0], t, 8),

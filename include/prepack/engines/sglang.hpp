@@ -19,8 +19,14 @@
 //  extend_start_loc    [bs] int32    exclusive prefix sums of extend_seq_lens
 //                      (the extend_* fields and extend_num_tokens only for EXTEND and MIXED:
 //                      init_new leaves them None for DECODE)
-//  req_to_token        [bs][width] int32  req_to_token[req_pool_indices[r]][p]: the location of
-//                                    position p, for p < seq_lens[r] (0 past it)
+//  req_to_token        [bs][width] int32  the rows the batch reads, compact: row r holds what
+//                                    ReqToTokenPool.req_to_token[req_pool_indices[r]][p] holds
+//                                    (the location of position p, for p < seq_lens[r]; 0 past it)
+// SGLang's own table is the pool's [pool_size][max_context_len], a request's row kept across
+// steps and indexed by req_pool_indices: write_req_to_token writes a step into it as SGLang does
+// before the forward pass (python/sglang/srt/mem_cache/common.py, write_req_to_token_pool_triton:
+// an extend's prefix [0, prefix_len) and its new tokens [prefix_len, seq_len) from
+// out_cache_loc; ScheduleBatch.prepare_for_decode: a decode's one new position).
 // SGLang's pool is token-granular (page size 1: a location is a token's slot); with prepack's
 // block tables a location is block * block_size + position % block_size, which is SGLang's paged
 // allocator's location for page size block_size. SGLang's allocators hand out from 1 (location 0
@@ -33,7 +39,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "../detail/checked.hpp"
@@ -151,6 +159,89 @@ forward_batch make_forward_batch(const step_inputs<Token, Index>& in,
     }
   }
   return f;
+}
+
+/// Writes a step's token locations into SGLang's ReqToTokenPool.req_to_token, a row-major int32
+/// table [pool_size][max_context_len], as SGLang does before the forward pass: request r (the
+/// step's sequence seq_order[r]) in row req_pool_indices[r]; an extend its positions
+/// [0, seq_len), the cached prefix and the new tokens (python/sglang/srt/mem_cache/common.py,
+/// write_req_to_token_pool_triton: prefix_indices into [0, pre_len), out_cache_loc into
+/// [pre_len, seq_len)); a decode its one new position (ScheduleBatch.prepare_for_decode). Other
+/// entries are left as they are. Throws prepack::error, writing nothing, for a table of another
+/// size, a row outside [0, pool_size) or given to two requests, a request longer than
+/// max_context_len, or a location that does not fit int32. Cost: O(step tokens + extends'
+/// prefixes + bs log bs); nothing in the pool's size.
+template <class Token, class Index>
+void write_req_to_token(const step_inputs<Token, Index>& in, span<const std::size_t> seq_order,
+                        span<const std::int64_t> req_pool_indices, span<std::int32_t> table,
+                        std::size_t pool_size, std::size_t max_context_len) {
+  using prepack::detail::require;
+  const std::size_t n = in.n_seqs(), bs = in.tables.block_size;
+  require(seq_order.size() == n && req_pool_indices.size() == n, "sglang: ", seq_order.size(),
+          " seq_order entries and ", req_pool_indices.size(), " req_pool_indices for ", n,
+          " requests");
+  require(table.size() / (max_context_len > 0 ? max_context_len : 1) == pool_size &&
+              table.size() % (max_context_len > 0 ? max_context_len : 1) == 0 &&
+              max_context_len > 0,
+          "sglang: req_to_token holds ", table.size(), " entries, not ", pool_size, " x ",
+          max_context_len);
+  std::vector<std::pair<std::int64_t, std::size_t>> rows(n);
+  std::vector<bool> seen(n, false);
+  for (std::size_t r = 0; r < n; ++r) {
+    const std::size_t q = seq_order[r];
+    require(q < n && !seen[q], "sglang: seq_order[", r, "] = ", q,
+            " is not a permutation of the step's ", n, " sequences");
+    seen[q] = true;
+    const std::int64_t row = req_pool_indices[r];
+    if (row < 0 || static_cast<std::uint64_t>(row) >= pool_size) {
+      prepack::detail::fail("sglang: request ", in.seq_id[q], ": req_pool_indices[", r, "] = ", row,
+                            " outside the pool's rows 0..", pool_size - 1);
+    }
+    if (static_cast<std::size_t>(in.seq_lens[q]) > max_context_len) {
+      prepack::detail::fail("sglang: request ", in.seq_id[q], ": ", in.seq_lens[q],
+                            " tokens exceed max_context_len ", max_context_len);
+    }
+    const auto blocks = in.tables.blocks(q);
+    const std::size_t used = (static_cast<std::size_t>(in.seq_lens[q]) + bs - 1) / bs;
+    for (std::size_t k = 0; k < used && k < blocks.size(); ++k) {
+      const auto last = static_cast<std::uint64_t>(blocks[k]) * bs + (bs - 1);
+      if (blocks[k] < 0 ||
+          last > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max())) {
+        prepack::detail::fail("sglang: request ", in.seq_id[q], ": block_table[", k,
+                              "] = ", blocks[k], " gives locations that do not fit int32");
+      }
+    }
+    rows[r] = {row, r};
+  }
+  std::sort(rows.begin(), rows.end());
+  for (std::size_t i = 1; i < n; ++i) {
+    if (rows[i].first == rows[i - 1].first) {
+      prepack::detail::fail("sglang: requests ", in.seq_id[seq_order[rows[i - 1].second]], " and ",
+                            in.seq_id[seq_order[rows[i].second]], " share req_to_token row ",
+                            rows[i].first);
+    }
+  }
+  for (std::size_t r = 0; r < n; ++r) {  // checked: every write below is in bounds
+    const std::size_t q = seq_order[r];
+    const block_row<std::int32_t> blocks{in.tables.blocks(q), bs};
+    const auto row = static_cast<std::size_t>(req_pool_indices[r]);
+    std::int32_t* out = table.data() + row * max_context_len;
+    const auto prefix = static_cast<std::size_t>(in.context_lens[q]);
+    const auto end = static_cast<std::size_t>(in.seq_lens[q]);
+    for (std::size_t p = in.decodes[q] ? prefix : 0; p < end; ++p) {
+      out[p] = static_cast<std::int32_t>(blocks.slot(p));  // checked above to fit
+    }
+  }
+}
+
+/// write_req_to_token for a forward_batch of the same step (its seq_order and req_pool_indices).
+template <class Token, class Index>
+void write_req_to_token(const step_inputs<Token, Index>& in, const forward_batch& f,
+                        span<std::int32_t> table, std::size_t pool_size,
+                        std::size_t max_context_len) {
+  write_req_to_token(in, span<const std::size_t>(f.seq_order),
+                     span<const std::int64_t>(f.req_pool_indices), table, pool_size,
+                     max_context_len);
 }
 
 }  // namespace sglang
