@@ -78,7 +78,9 @@ void BM_StepInputs(benchmark::State& state) {
     if (state.range(1) != 0) {
       auto v = prepack::vllm::make_step(in);
       auto f = prepack::flashinfer::make_step(in);
-      auto t = prepack::trtllm::make_step(in, {8, 0});
+      prepack::trtllm::options o;
+      o.num_layers = 8;
+      auto t = prepack::trtllm::make_step(in, o);
       benchmark::DoNotOptimize(v.slot_mapping.data());
       benchmark::DoNotOptimize(f.attention.paged_kv_indices.data());
       benchmark::DoNotOptimize(t.kv_cache_block_offsets.data());

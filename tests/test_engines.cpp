@@ -558,6 +558,45 @@ void expect_trtllm(const prepack::step_inputs<>& in, const std::string& where) {
             << where;
       }
     }
+    // TensorRT-LLM 1.2's WindowBlockManager::setOffsets (kvCacheManager.cpp) for several pools,
+    // layer-first pools and K-only caches: offsets[pool][slot][x][k] = flat_index3(b, 0, field,
+    // pool.numLayers, kvFactor), or flat_index3(0, b, field, numPrimaryBlocks, kvFactor) when
+    // pool.layerFirstLayout; kvFactor 1 and fieldIdx 0 for CacheType::kSELFKONLY.
+    const auto flat_index3 = [](long i, long j, long k, long dim1, long dim2) {
+      return (i * dim1 + j) * dim2 + k;
+    };
+    for (const bool layer_first : {false, true}) {
+      for (const bool k_only : {false, true}) {
+        prepack::trtllm::options o;
+        o.pool_layers = {2, 5};
+        o.layout = layer_first ? prepack::trtllm::pool_layout::layer_first
+                               : prepack::trtllm::pool_layout::block_first;
+        o.k_only = k_only;
+        const auto v = prepack::trtllm::make_step(in, o);
+        ASSERT_EQ(v.num_pools, 2u);
+        const long kv_factor = k_only ? 1 : 2, num_primary_blocks = 1000;
+        for (std::size_t pool = 0; pool < 2; ++pool) {
+          for (std::size_t k = 0; k < v.max_blocks_per_seq; ++k) {
+            for (long x = 0; x < 2; ++x) {
+              const long field = k_only ? 0 : x;
+              long want = 0;
+              if (k < blocks.size()) {
+                want = layer_first ? flat_index3(0, blocks[k], field, num_primary_blocks, kv_factor)
+                                   : flat_index3(blocks[k], 0, field,
+                                                 static_cast<long>(o.pool_layers[pool]), kv_factor);
+              }
+              ASSERT_EQ(
+                  v.kv_cache_block_offsets[((pool * n + r) * 2 + static_cast<std::size_t>(x)) *
+                                               v.max_blocks_per_seq +
+                                           k],
+                  want)
+                  << where << " pool " << pool << " layer_first " << layer_first << " k_only "
+                  << k_only;
+            }
+          }
+        }
+      }
+    }
     for (int t = in.cu_seqlens_q[q]; t < in.cu_seqlens_q[q + 1]; ++t) {
       ids.push_back(in.tokens[static_cast<std::size_t>(t)]);
     }

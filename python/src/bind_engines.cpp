@@ -295,10 +295,18 @@ void bind_engines(nb::module_& m) {
       m.def_submodule("trtllm", "TensorRT-LLM's form of a step (prepack/engines/trtllm.hpp).");
   tr.def(
       "make_step",
-      [](const step_inputs_box& b, std::size_t num_layers, std::size_t max_blocks_per_seq) {
+      [](const step_inputs_box& b, std::size_t num_layers, std::size_t max_blocks_per_seq,
+         optional_array_like pool_layers, bool layer_first, bool k_only) {
         prepack::trtllm::options o;
         o.num_layers = num_layers;
         o.max_blocks_per_seq = max_blocks_per_seq;
+        for (const auto l : optional_ints<std::int64_t>(pool_layers, "pool_layers")) {
+          prepack::detail::require(l > 0, "trtllm: a pool of ", l, " layers");
+          o.pool_layers.push_back(static_cast<std::size_t>(l));
+        }
+        o.layout = layer_first ? prepack::trtllm::pool_layout::layer_first
+                               : prepack::trtllm::pool_layout::block_first;
+        o.k_only = k_only;
         auto a = prepack::trtllm::make_step(b.in, o);
         const std::size_t n = a.request_ids.size();
         nb::dict d;
@@ -312,19 +320,23 @@ void bind_engines(nb::module_& m) {
         d["kv_lens"] = to_numpy(std::move(a.kv_lens));
         d["context_lengths"] = to_numpy(std::move(a.context_lengths));
         d["host_request_types"] = to_numpy(std::move(a.host_request_types));
-        d["kv_cache_block_offsets"] =
-            to_numpy(std::move(a.kv_cache_block_offsets), {1, n, 2, a.max_blocks_per_seq});
+        d["kv_cache_block_offsets"] = to_numpy(std::move(a.kv_cache_block_offsets),
+                                               {a.num_pools, n, 2, a.max_blocks_per_seq});
         d["input_ids"] = to_numpy(std::move(a.input_ids));
         d["position_ids"] = to_numpy(std::move(a.position_ids));
         d["tokens_per_block"] = a.tokens_per_block.empty() ? 0 : a.tokens_per_block[0];
         return d;
       },
-      "inputs"_a, "num_layers"_a = 1, "max_blocks_per_seq"_a = 0,
-      "The step as TensorRT-LLM's attention metadata takes it, context requests first: "
+      "inputs"_a, "num_layers"_a = 1, "max_blocks_per_seq"_a = 0, "pool_layers"_a = nb::none(),
+      "layer_first"_a = false, "k_only"_a = false,
+      "The step as TensorRT-LLM's attention metadata takes it, context requests first (pools of "
+      "pool_layers layers each, default one of num_layers; layer_first: pools laid out layer by "
+      "layer; k_only: a K-only cache, MLA's): "
       "seq_order [num_seqs] int64 (the step's sequence at each position); num_contexts, "
       "num_generations; request_ids int64; seq_lens, num_cached_tokens_per_seq, kv_lens, "
-      "context_lengths, host_request_types [num_seqs] int32; kv_cache_block_offsets [1, "
-      "num_seqs, 2, max_blocks_per_seq] int32; input_ids, position_ids [num_tokens] int32; "
+      "context_lengths, host_request_types [num_seqs] int32; kv_cache_block_offsets [num_pools, "
+      "num_seqs, 2, max_blocks_per_seq] int32 (setOffsets' values); input_ids, position_ids "
+      "[num_tokens] int32; "
       "tokens_per_block.");
 
   nb::module_ ll =
