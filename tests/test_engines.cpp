@@ -925,8 +925,12 @@ TEST(Engines, LlamaCppBatchesFollowItsRulesAndSharePrefixesByCopies) {
     std::vector<int*> seq_ptrs;
     int** seq_id;
     std::int8_t* logits;
-    explicit fake_batch(int n)
-        : token_v(n), pos_v(n), n_seq_id_v(n), seq(n, std::vector<int>(1)), logits_v(n) {
+    explicit fake_batch(int n_tokens)
+        : token_v(static_cast<std::size_t>(n_tokens)),
+          pos_v(token_v.size()),
+          n_seq_id_v(token_v.size()),
+          seq(token_v.size(), std::vector<int>(1)),
+          logits_v(token_v.size()) {
       token = token_v.data();
       pos = pos_v.data();
       n_seq_id = n_seq_id_v.data();

@@ -184,6 +184,14 @@ def test_steps_and_engine_forms_by_definition_and_as_the_cpp_api(cpp, prefix):
             for name, want in cs["trtllm"].items():
                 equal(t[name], want, f"trtllm.{name}")
             assert t["kv_cache_block_offsets"].shape == (1, s.n_seqs, 2, t["kv_cache_block_offsets"].shape[3])
+            # Two pools, layer-first, K-only (WindowBlockManager::setOffsets: block b, field 0).
+            u = prepack.trtllm.make_step(s, pool_layers=[2, 5], layer_first=True, k_only=True)
+            o = u["kv_cache_block_offsets"]
+            assert o.shape[:3] == (2, s.n_seqs, 2)
+            for r, seq in enumerate(u["seq_order"]):
+                row = s.block_table[seq]
+                row = row[row >= 0]
+                assert (o[:, r, :, :len(row)] == row).all() and (o[:, r, :, len(row):] == 0).all()
         if not prefix:
             b = prepack.llama_cpp.make_batch(sched, st, items, np.arange(len(prompts)))
             for name, want in cs["llama_cpp"].items():
