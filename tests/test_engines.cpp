@@ -925,8 +925,8 @@ TEST(Engines, LlamaCppBatchesFollowItsRulesAndSharePrefixesByCopies) {
     std::vector<int*> seq_ptrs;
     int** seq_id;
     std::int8_t* logits;
-    explicit fake_batch(int n_tokens)
-        : token_v(static_cast<std::size_t>(n_tokens)),
+    explicit fake_batch(int count)
+        : token_v(static_cast<std::size_t>(count)),
           pos_v(token_v.size()),
           n_seq_id_v(token_v.size()),
           seq(token_v.size(), std::vector<int>(1)),
