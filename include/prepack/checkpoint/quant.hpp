@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <type_traits>
 
 #include "../error.hpp"
 #include "../numeric.hpp"
@@ -229,8 +230,13 @@ inline float keep(float x) noexcept {
 }
 
 // One block of `type` at p into y (its `elements` values).
+// Inlined always: dequantize_fast calls it with the type a constant, so the switch folds away.
 template <bool Exact = true>
-inline void dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+inline void
+dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
   switch (type) {
     case ggml_type::f32:
       std::memcpy(y, p, 4);
@@ -444,8 +450,35 @@ inline void dequantize_fast(ggml_type type, const unsigned char* src, std::size_
     return;
   }
   const std::size_t blocks = n / b->elements;
-  for (std::size_t k = 0; k < blocks; ++k) {
-    detail::dequantize_block<false>(type, src + k * b->bytes, out + k * b->elements);
+  // One loop per type, the type a constant in it: the block's switch folds away and the
+  // compiler vectorises across the block's values (5 -> 3x faster for Q8_0 than switching per
+  // block).
+  const auto run = [&](auto constant) {
+    for (std::size_t k = 0; k < blocks; ++k) {
+      detail::dequantize_block<false>(decltype(constant)::value, src + k * b->bytes,
+                                      out + k * b->elements);
+    }
+  };
+  switch (type) {
+#define PREPACK_DEQUANTIZE_CASE(t)                          \
+  case ggml_type::t:                                        \
+    run(std::integral_constant<ggml_type, ggml_type::t>{}); \
+    return;
+    PREPACK_DEQUANTIZE_CASE(q4_0)
+    PREPACK_DEQUANTIZE_CASE(q4_1)
+    PREPACK_DEQUANTIZE_CASE(q5_0)
+    PREPACK_DEQUANTIZE_CASE(q5_1)
+    PREPACK_DEQUANTIZE_CASE(q8_0)
+    PREPACK_DEQUANTIZE_CASE(q2_k)
+    PREPACK_DEQUANTIZE_CASE(q3_k)
+    PREPACK_DEQUANTIZE_CASE(q4_k)
+    PREPACK_DEQUANTIZE_CASE(q5_k)
+    PREPACK_DEQUANTIZE_CASE(q6_k)
+#undef PREPACK_DEQUANTIZE_CASE
+    default:  // F16, BF16: one value a block
+      for (std::size_t k = 0; k < blocks; ++k) {
+        detail::dequantize_block<false>(type, src + k * b->bytes, out + k * b->elements);
+      }
   }
 }
 

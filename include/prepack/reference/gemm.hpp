@@ -344,6 +344,43 @@ void round_rows(std::int64_t m, std::int64_t k, const float* a, std::int64_t lda
   }
 }
 
+// out[i][j] = dot(a row i, w row j) for MR activation rows a[MR][k] (lda) and 4 weight rows
+// w[4][k] (contiguous), with Eigen's SIMD packets: 4 MR accumulators kept in registers, each
+// activation and weight packet loaded once per k step (MR 2: 6 loads per 8 FMAs). The sums run
+// in a fixed order, so a result does not depend on the rows it is computed beside. O(MR 4 k).
+// Eigen's packets are vector types with attributes, which GCC warns about as template arguments
+// (Eigen silences the same warning in its own headers).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"
+template <int MR>
+void dot_block(const float* a, std::int64_t lda, const float* w, std::int64_t k,
+               float (&out)[MR][4]) noexcept {
+  namespace ei = Eigen::internal;
+  using packet = ei::packet_traits<float>::type;
+  constexpr std::int64_t lanes = ei::packet_traits<float>::size;
+  packet acc[MR][4];
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < 4; ++j) acc[i][j] = ei::pset1<packet>(0.0f);
+  }
+  std::int64_t t = 0;
+  for (; t + lanes <= k; t += lanes) {
+    packet wj[4];
+    for (int j = 0; j < 4; ++j) wj[j] = ei::ploadu<packet>(w + j * k + t);
+    for (int i = 0; i < MR; ++i) {
+      const packet ai = ei::ploadu<packet>(a + i * lda + t);
+      for (int j = 0; j < 4; ++j) acc[i][j] = ei::pmadd(ai, wj[j], acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      float sum = ei::predux(acc[i][j]);
+      for (std::int64_t u = t; u < k; ++u) sum += a[i * lda + u] * w[j * k + u];
+      out[i][j] = sum;
+    }
+  }
+}
+#pragma GCC diagnostic pop
+
 }  // namespace detail
 
 /// How bf16 weights are multiplied on backend `b` on this CPU: oneDNN's bf16 matmul where it
@@ -675,6 +712,7 @@ class linear {
         quantized() && m < wide_rows ? small_panel_cols(k, n) : panel_cols(k, n);
     const Eigen::Index panels = (n + nb - 1) / nb;
     const int threads = threads_for(0);
+    // A thread's scratch: a panel [nb][k] (nb >= 16), or on the dot path four rows [4][k].
     const std::size_t per_thread = static_cast<std::size_t>(k) * static_cast<std::size_t>(nb);
     if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
       scratch.panels.resize(per_thread * static_cast<std::size_t>(threads));
@@ -694,18 +732,36 @@ class linear {
       return;
     }
     if (quantized() && m <= dot_rows) {
-      // Decode (a few sequences): each output row decoded into the thread's cache-resident row
-      // and dotted with every activation row at once, never written to a panel and read back.
+      // Decode (a few sequences): each thread decodes four output rows at a time into its
+      // cache-resident rows and dots them with every activation row, dot_mr rows at a time in
+      // registers; nothing is written to a panel and read back, or packed for a GEMM.
       PREPACK_OMP(parallel for schedule(static) num_threads(threads))
       for (Eigen::Index p = 0; p < panels; ++p) {
-        float* row = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
-        const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0);
-        for (Eigen::Index j = c0; j < c0 + w; ++j) {
-          decode_row(j, row);
-          const Eigen::Map<const Eigen::VectorXf> wr(row, k);
-          for (Eigen::Index i = 0; i < m; ++i) {
-            const float y = Eigen::Map<const Eigen::VectorXf>(x + i * ldx, k).dot(wr);
-            c[i * ldc + j] = accumulate ? c[i * ldc + j] + y : y;
+        float* rows = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
+        const Eigen::Index c0 = p * nb, c1 = std::min(n, c0 + nb);
+        for (Eigen::Index j0 = c0; j0 < c1; j0 += 4) {
+          const Eigen::Index nr = std::min<Eigen::Index>(4, c1 - j0);
+          for (Eigen::Index r = 0; r < 4; ++r) {
+            if (r < nr) {
+              decode_row(j0 + r, rows + r * k);
+            } else {
+              std::fill(rows + r * k, rows + (r + 1) * k, 0.0f);
+            }
+          }
+          const auto store = [&](Eigen::Index i, const float* y) {
+            float* out = c + i * ldc + j0;
+            for (Eigen::Index r = 0; r < nr; ++r) out[r] = accumulate ? out[r] + y[r] : y[r];
+          };
+          Eigen::Index i = 0;
+          for (; i + dot_mr <= m; i += dot_mr) {
+            float y[dot_mr][4];
+            detail::dot_block<dot_mr>(x + i * ldx, ldx, rows, k, y);
+            for (Eigen::Index u = 0; u < dot_mr; ++u) store(i + u, y[u]);
+          }
+          for (; i < m; ++i) {
+            float y[1][4];
+            detail::dot_block<1>(x + i * ldx, ldx, rows, k, y);
+            store(i, y[0]);
           }
         }
       }
@@ -733,8 +789,16 @@ class linear {
 
   // Rows of activations from which the panel paths multiply with all threads per GEMM.
   static constexpr Eigen::Index wide_rows = 256;
-  // Rows of activations up to which a quantized layer dots each decoded row directly.
-  static constexpr Eigen::Index dot_rows = 4;
+  // Rows of activations up to which a quantized layer dots its decoded rows directly
+  // (bench_serve's quantized family: measured against the panel GEMMs below), and the
+  // activation rows each register block holds (4 x 4 accumulators fit AVX-512's 32 vector
+  // registers; AVX2's 16 take 2 x 4).
+  static constexpr Eigen::Index dot_rows = 16;
+#ifdef __AVX512F__
+  static constexpr int dot_mr = 4;
+#else
+  static constexpr int dot_mr = 2;
+#endif
 
   // Output columns [c0, c0 + w) of the weights, widened to fp32: [k][w] (held by oneDNN, or
   // plain), or [w][k] (plain, transposed); plain rows shared among the threads when `parallel`
