@@ -480,6 +480,96 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
                        "tokens: ");
 }
 
+// A layer of Q8_0 and Q4_0 rows (fused Q | K | V style: two segments) multiplies like the values
+// its blocks define: d * q for Q8_0, d * (q - 8) for Q4_0, each d an fp16 (ggml's
+// dequantize_row_q8_0 / dequantize_row_q4_0), computed here in double from the bytes; at 1 to 4
+// rows (where AVX2 / AVX-512 builds dot straight from the blocks), and at 5, 9 and 17 (decoded
+// rows, decoded panels), with and without accumulating, on 1 and 2 threads.
+TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
+  using prepack::checkpoint::ggml_type;
+  std::mt19937 rng(23);
+  const Eigen::Index k = 96, rows8 = 7, rows4 = 6;
+  const auto blocks = [&](ggml_type t, Eigen::Index rows) {
+    const std::size_t bytes = t == ggml_type::q8_0 ? 34 : 18;
+    std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / 32) * bytes);
+    for (std::size_t i = 0; i < b.size(); i += bytes) {
+      const float d = 0.01f * static_cast<float>(1 + rng() % 50) * (rng() % 2 ? 1.0f : -1.0f);
+      const std::uint16_t h = prepack::half::from_float(d);
+      b[i] = static_cast<unsigned char>(h & 0xFF);
+      b[i + 1] = static_cast<unsigned char>(h >> 8);
+      for (std::size_t j = 2; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
+    }
+    return b;
+  };
+  const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4);
+  // The rows' values by the definitions, in double.
+  std::vector<std::vector<double>> w;
+  for (Eigen::Index r = 0; r < rows8; ++r) {
+    std::vector<double> row;
+    for (Eigen::Index b = 0; b < k / 32; ++b) {
+      const unsigned char* p = b8.data() + static_cast<std::size_t>(r * k / 32 + b) * 34;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      for (int j = 0; j < 32; ++j) row.push_back(d * static_cast<std::int8_t>(p[2 + j]));
+    }
+    w.push_back(row);
+  }
+  for (Eigen::Index r = 0; r < rows4; ++r) {
+    std::vector<double> row(static_cast<std::size_t>(k));
+    for (Eigen::Index b = 0; b < k / 32; ++b) {
+      const unsigned char* p = b4.data() + static_cast<std::size_t>(r * k / 32 + b) * 18;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      for (int j = 0; j < 16; ++j) {
+        row[static_cast<std::size_t>(b * 32 + j)] = d * ((p[2 + j] & 0x0F) - 8);
+        row[static_cast<std::size_t>(b * 32 + j + 16)] = d * ((p[2 + j] >> 4) - 8);
+      }
+    }
+    w.push_back(row);
+  }
+  std::vector<ref::quantized_matrix> segs;
+  segs.push_back(
+      ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
+  segs.push_back(
+      ref::quantized_matrix::from_bytes(ggml_type::q4_0, rows4, k, b4.data(), b4.size(), "q4"));
+  const ref::linear layer(std::move(segs), ref::vector());
+  const Eigen::Index n = rows8 + rows4;
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  for (const int threads : {1, 2}) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+    for (const Eigen::Index m : {1, 2, 3, 4, 5, 9, 17}) {
+      std::vector<float> a(static_cast<std::size_t>(m * k));
+      for (auto& v : a) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.0f;
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> c(static_cast<std::size_t>(m * n), accumulate ? 0.5f : -7.0f);
+        ref::gemm_scratch scratch;
+        layer.apply(ref::gemm_backend::eigen, m, a.data(), k, c.data(), n, accumulate, scratch);
+        for (Eigen::Index i = 0; i < m; ++i) {
+          for (Eigen::Index j = 0; j < n; ++j) {
+            double want = accumulate ? 0.5 : 0.0, scale = 0.0;
+            for (Eigen::Index t = 0; t < k; ++t) {
+              const double term = a[static_cast<std::size_t>(i * k + t)] *
+                                  w[static_cast<std::size_t>(j)][static_cast<std::size_t>(t)];
+              want += term;
+              scale += std::abs(term);
+            }
+            EXPECT_NEAR(c[static_cast<std::size_t>(i * n + j)], want, 1e-6 * scale + 1e-6)
+                << "m " << m << " row " << j << " of " << i << " threads " << threads
+                << " accumulate " << accumulate;
+          }
+        }
+      }
+    }
+  }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+}
+
 // Weights held quantized compute the function of their widened values: a model whose
 // projections, embedding and LM head are Q8_0 rows (F32 rows where a width is not whole blocks)
 // against an fp32 model of the values Q8_0 stores, computed here from the encoding's definition

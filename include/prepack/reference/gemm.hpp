@@ -732,15 +732,28 @@ class linear {
       return;
     }
     if (quantized() && m <= dot_rows) {
-      // Decode (a few sequences): each thread decodes four output rows at a time into its
-      // cache-resident rows and dots them with every activation row, dot_mr rows at a time in
-      // registers; nothing is written to a panel and read back, or packed for a GEMM.
+      // Decode (a few sequences): rows of the types that dot straight from their blocks
+      // (Q8_0, Q4_0 on AVX2 / AVX-512 builds) are read once and never widened when up to
+      // fused_rows activation rows multiply; the others are decoded four rows at a time into the
+      // thread's cache-resident rows and dotted with every activation row, dot_mr rows at a
+      // time in registers. Nothing is written to a panel and read back, or packed for a GEMM.
+      const bool fuse = m <= fused_rows;
       PREPACK_OMP(parallel for schedule(static) num_threads(threads))
       for (Eigen::Index p = 0; p < panels; ++p) {
         float* rows = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
         const Eigen::Index c0 = p * nb, c1 = std::min(n, c0 + nb);
-        for (Eigen::Index j0 = c0; j0 < c1; j0 += 4) {
-          const Eigen::Index nr = std::min<Eigen::Index>(4, c1 - j0);
+        const auto fused = [&](Eigen::Index j) {
+          return fuse && detail::fused_dot_type(q_[segment(j)].type);
+        };
+        Eigen::Index j0 = c0;
+        while (j0 < c1) {
+          if (fused(j0)) {
+            fused_row(j0, m, x, ldx, c + j0, ldc, accumulate);
+            ++j0;
+            continue;
+          }
+          Eigen::Index nr = 1;
+          while (nr < 4 && j0 + nr < c1 && !fused(j0 + nr)) ++nr;
           for (Eigen::Index r = 0; r < 4; ++r) {
             if (r < nr) {
               decode_row(j0 + r, rows + r * k);
@@ -763,6 +776,7 @@ class linear {
             detail::dot_block<1>(x + i * ldx, ldx, rows, k, y);
             store(i, y[0]);
           }
+          j0 += nr;
         }
       }
       return;
@@ -794,6 +808,8 @@ class linear {
   // activation rows each register block holds (4 x 4 accumulators fit AVX-512's 32 vector
   // registers; AVX2's 16 take 2 x 4).
   static constexpr Eigen::Index dot_rows = 16;
+  // Activation rows up to which rows that dot straight from their blocks do so.
+  static constexpr Eigen::Index fused_rows = 4;
 #ifdef __AVX512F__
   static constexpr int dot_mr = 4;
 #else
@@ -833,11 +849,44 @@ class linear {
     }
   }
 
-  // Output row r of a quantized layer decoded into out[in], from the segment holding it.
-  void decode_row(Eigen::Index r, float* out) const noexcept {
+  // The segment holding output row r of a quantized layer.
+  std::size_t segment(Eigen::Index r) const noexcept {
     std::size_t s = q_.size() - 1;
     while (q_start_[s] > r) --s;
+    return s;
+  }
+
+  // Output row r of a quantized layer decoded into out[in], from the segment holding it.
+  void decode_row(Eigen::Index r, float* out) const noexcept {
+    const std::size_t s = segment(r);
     q_[s].decode_rows(r - q_start_[s], 1, out);
+  }
+
+  // c[i][0] (ldc) = a_i . row r (or += with accumulate) for m <= fused_rows activation rows,
+  // straight from the row's blocks (its segment's type dots fused).
+  void fused_row(Eigen::Index r, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
+                 Eigen::Index ldc, bool accumulate) const noexcept {
+    const std::size_t s = segment(r);
+    const quantized_matrix& q = q_[s];
+    const Eigen::Index lr = r - q_start_[s];
+    float y[fused_rows];
+    switch (m) {
+      case 1:
+        q.dot_row<1>(lr, a, lda, y);
+        break;
+      case 2:
+        q.dot_row<2>(lr, a, lda, y);
+        break;
+      case 3:
+        q.dot_row<3>(lr, a, lda, y);
+        break;
+      default:
+        q.dot_row<4>(lr, a, lda, y);
+        break;
+    }
+    for (Eigen::Index i = 0; i < m; ++i) {
+      c[i * ldc] = accumulate ? c[i * ldc] + y[i] : y[i];
+    }
   }
 
   // Output rows [r0, r0 + n) of a quantized layer decoded into out[n][in]; rows shared among the

@@ -17,8 +17,131 @@
 #include "../error.hpp"
 #include "matrix.hpp"
 
+#if defined(__F16C__) && defined(__FMA__) && (defined(__AVX512F__) || defined(__AVX2__))
+#include <immintrin.h>
+#define PREPACK_FUSED_DOT 1
+#else
+#define PREPACK_FUSED_DOT 0
+#endif
+
 PREPACK_NAMESPACE_BEGIN
 namespace reference {
+namespace detail {
+
+// Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
+// of Q8_0 or Q4_0, y_i += d * (q . a_i), the int8 or nibble values widened to fp32 in registers
+// and multiplied with the fp32 activations, never written out as fp32 weights. The weight is
+// ggml's d * q exactly; only the order of the fp32 roundings differs from decoding first (d
+// applied to a block's sum rather than to each value). Built where the compiler targets AVX-512
+// or AVX2 with FMA and F16C; elsewhere rows are decoded, then dotted.
+#if PREPACK_FUSED_DOT
+inline float fp16_scale(const unsigned char* p) noexcept {
+  return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
+}
+#if defined(__AVX512F__)
+using fused_vec = __m512;
+constexpr int fused_lanes = 16;
+inline fused_vec fused_zero() noexcept { return _mm512_setzero_ps(); }
+inline fused_vec fused_load(const float* x) noexcept { return _mm512_loadu_ps(x); }
+inline fused_vec fused_fma(fused_vec a, fused_vec b, fused_vec c) noexcept {
+  return _mm512_fmadd_ps(a, b, c);
+}
+inline fused_vec fused_mul(fused_vec a, fused_vec b) noexcept { return _mm512_mul_ps(a, b); }
+inline fused_vec fused_sub(fused_vec a, fused_vec b) noexcept { return _mm512_sub_ps(a, b); }
+inline fused_vec fused_set1(float v) noexcept { return _mm512_set1_ps(v); }
+inline float fused_sum(fused_vec a, fused_vec b) noexcept {  // (GCC 12 warns on reduce_add's)
+  alignas(64) float t[16];
+  _mm512_store_ps(t, _mm512_add_ps(a, b));
+  float s = 0.0f;
+  for (const float v : t) s += v;
+  return s;
+}
+// 16 int8 / uint8 values at p as 16 floats.
+inline fused_vec fused_i8(const unsigned char* p) noexcept {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline fused_vec fused_u8(__m128i v) noexcept {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+#else
+using fused_vec = __m256;
+constexpr int fused_lanes = 8;
+inline fused_vec fused_zero() noexcept { return _mm256_setzero_ps(); }
+inline fused_vec fused_load(const float* x) noexcept { return _mm256_loadu_ps(x); }
+inline fused_vec fused_fma(fused_vec a, fused_vec b, fused_vec c) noexcept {
+  return _mm256_fmadd_ps(a, b, c);
+}
+inline fused_vec fused_mul(fused_vec a, fused_vec b) noexcept { return _mm256_mul_ps(a, b); }
+inline fused_vec fused_sub(fused_vec a, fused_vec b) noexcept { return _mm256_sub_ps(a, b); }
+inline fused_vec fused_set1(float v) noexcept { return _mm256_set1_ps(v); }
+inline float fused_sum(fused_vec a, fused_vec b) noexcept {
+  const __m256 s = _mm256_add_ps(a, b);
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+inline fused_vec fused_i8(const unsigned char* p) noexcept {
+  return _mm256_cvtepi32_ps(
+      _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline fused_vec fused_u8(__m128i v) noexcept {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+#endif
+
+// y[i] = a_i . row for M activation rows a[M][k] (lda) and one row of `type` (Q8_0 or Q4_0,
+// k a multiple of 32). O(M k).
+template <int M>
+void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k, const float* a,
+               std::int64_t lda, float* y) noexcept {
+  constexpr int per = 32 / fused_lanes;  // vectors a block
+  fused_vec acc[M][2];
+  for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = fused_zero();
+  const std::int64_t blocks = k / 32;
+  const bool q8 = type == checkpoint::ggml_type::q8_0;
+  const std::int64_t block_bytes = q8 ? 34 : 18;
+  for (std::int64_t b = 0; b < blocks; ++b, p += block_bytes) {
+    const fused_vec d = fused_set1(fp16_scale(p));
+    fused_vec q[per];
+    if (q8) {
+      for (int u = 0; u < per; ++u) q[u] = fused_i8(p + 2 + u * fused_lanes);
+    } else {  // Q4_0: values j < 16 the low nibbles, j >= 16 the high ones, each minus 8
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+      const __m128i mask = _mm_set1_epi8(0x0F);
+      const __m128i lo = _mm_and_si128(bytes, mask);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+      const fused_vec eight = fused_set1(8.0f);
+      if constexpr (fused_lanes == 16) {
+        q[0] = fused_u8(lo);
+        q[1] = fused_u8(hi);
+      } else {
+        q[0] = fused_u8(lo);
+        q[1] = fused_u8(_mm_srli_si128(lo, 8));
+        q[2] = fused_u8(hi);
+        q[3] = fused_u8(_mm_srli_si128(hi, 8));
+      }
+      for (int u = 0; u < per; ++u) q[u] = fused_sub(q[u], eight);
+    }
+    for (int i = 0; i < M; ++i) {
+      const float* x = a + i * lda + b * 32;
+      fused_vec t = fused_mul(q[0], fused_load(x));
+      for (int u = 1; u < per; ++u) t = fused_fma(q[u], fused_load(x + u * fused_lanes), t);
+      acc[i][b & 1] = fused_fma(t, d, acc[i][b & 1]);
+    }
+  }
+  for (int i = 0; i < M; ++i) y[i] = fused_sum(acc[i][0], acc[i][1]);
+}
+#endif
+
+/// Whether rows of `type` dot straight from their blocks on this build (fused_dot).
+constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
+  return PREPACK_FUSED_DOT &&
+         (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0);
+}
+
+}  // namespace detail
 
 /// `rows` output features of `cols` inputs each ([out][in], torch's order: the transpose of the
 /// model's semantic [in][out] form), each row `row_bytes` bytes of ggml's blocks of `type`.
@@ -83,6 +206,18 @@ struct quantized_matrix {
       checkpoint::dequantize_fast(type, bytes.data() + static_cast<std::size_t>(r0 + r) * row_bytes,
                                   static_cast<std::size_t>(cols), out + r * cols);
     }
+  }
+
+  /// y[i] = a_i . row r for M activation rows a[M][cols] (lda), straight from the row's blocks,
+  /// where detail::fused_dot_type(type) (else a caller decodes the row first). O(M cols).
+  template <int M>
+  void dot_row(Eigen::Index r, const float* a, Eigen::Index lda, float* y) const noexcept {
+#if PREPACK_FUSED_DOT
+    detail::fused_dot<M>(type, bytes.data() + static_cast<std::size_t>(r) * row_bytes, cols, a, lda,
+                         y);
+#else
+    (void)r, (void)a, (void)lda, (void)y;
+#endif
   }
 
   /// The same rows reordered: row i of the result is row from[i] of this (a row is one output
