@@ -480,28 +480,35 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
                        "tokens: ");
 }
 
-// A layer of Q8_0 and Q4_0 rows (fused Q | K | V style: two segments) multiplies like the values
-// its blocks define: d * q for Q8_0, d * (q - 8) for Q4_0, each d an fp16 (ggml's
-// dequantize_row_q8_0 / dequantize_row_q4_0), computed here in double from the bytes; at 1 to 4
-// rows (where AVX2 / AVX-512 builds dot straight from the blocks), and at 5, 9 and 17 (decoded
-// rows, decoded panels), with and without accumulating, on 1 and 2 threads.
+// A layer of Q8_0, Q4_0 and Q4_K rows (fused Q | K | V style: three segments) multiplies like the
+// values its blocks define, computed here in double from the bytes by ggml's definitions
+// (dequantize_row_q8_0: d q; dequantize_row_q4_0: d (q - 8); dequantize_row_q4_K: d sc q - dmin m
+// with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per 64 values); at 1
+// to 4 rows (where AVX2 / AVX-512 builds dot straight from the blocks) and at 5, 9 and 17
+// (decoded rows, decoded panels), with and without accumulating, on 1 and 2 threads.
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   using prepack::checkpoint::ggml_type;
   std::mt19937 rng(23);
-  const Eigen::Index k = 96, rows8 = 7, rows4 = 6;
+  const Eigen::Index k = 512, rows8 = 7, rows4 = 6, rowsk = 5;
+  const auto fp16 = [&](unsigned char* at, float v) {
+    const std::uint16_t h = prepack::half::from_float(v);
+    at[0] = static_cast<unsigned char>(h & 0xFF);
+    at[1] = static_cast<unsigned char>(h >> 8);
+  };
   const auto blocks = [&](ggml_type t, Eigen::Index rows) {
-    const std::size_t bytes = t == ggml_type::q8_0 ? 34 : 18;
-    std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / 32) * bytes);
+    const std::size_t bytes = t == ggml_type::q8_0 ? 34 : t == ggml_type::q4_0 ? 18 : 144;
+    const Eigen::Index values = t == ggml_type::q4_k ? 256 : 32;
+    std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / values) * bytes);
     for (std::size_t i = 0; i < b.size(); i += bytes) {
+      for (std::size_t j = 0; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
       const float d = 0.01f * static_cast<float>(1 + rng() % 50) * (rng() % 2 ? 1.0f : -1.0f);
-      const std::uint16_t h = prepack::half::from_float(d);
-      b[i] = static_cast<unsigned char>(h & 0xFF);
-      b[i + 1] = static_cast<unsigned char>(h >> 8);
-      for (std::size_t j = 2; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
+      fp16(&b[i], t == ggml_type::q4_k ? d / 64 : d);
+      if (t == ggml_type::q4_k) fp16(&b[i + 2], 0.002f * static_cast<float>(rng() % 8));
     }
     return b;
   };
-  const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4);
+  const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4),
+             bk = blocks(ggml_type::q4_k, rowsk);
   // The rows' values by the definitions, in double.
   std::vector<std::vector<double>> w;
   for (Eigen::Index r = 0; r < rows8; ++r) {
@@ -525,13 +532,41 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
     }
     w.push_back(row);
   }
+  const auto scale_min = [](int j, const unsigned char* q, int& sc, int& mn) {  // get_scale_min_k4
+    if (j < 4) {
+      sc = q[j] & 63;
+      mn = q[j + 4] & 63;
+    } else {
+      sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+      mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+  };
+  for (Eigen::Index r = 0; r < rowsk; ++r) {
+    std::vector<double> row;
+    for (Eigen::Index b = 0; b < k / 256; ++b) {
+      const unsigned char* p = bk.data() + static_cast<std::size_t>(r * k / 256 + b) * 144;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      const double dmin = prepack::half::to_float(static_cast<std::uint16_t>(p[2] | (p[3] << 8)));
+      for (int c = 0; c < 4; ++c) {
+        int s1, m1, s2, m2;
+        scale_min(2 * c, p + 4, s1, m1);
+        scale_min(2 * c + 1, p + 4, s2, m2);
+        const unsigned char* q = p + 16 + 32 * c;
+        for (int l = 0; l < 32; ++l) row.push_back(d * s1 * (q[l] & 0xF) - dmin * m1);
+        for (int l = 0; l < 32; ++l) row.push_back(d * s2 * (q[l] >> 4) - dmin * m2);
+      }
+    }
+    w.push_back(row);
+  }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q4_0, rows4, k, b4.data(), b4.size(), "q4"));
+  segs.push_back(
+      ref::quantized_matrix::from_bytes(ggml_type::q4_k, rowsk, k, bk.data(), bk.size(), "q4k"));
   const ref::linear layer(std::move(segs), ref::vector());
-  const Eigen::Index n = rows8 + rows4;
+  const Eigen::Index n = rows8 + rows4 + rowsk;
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
 #endif

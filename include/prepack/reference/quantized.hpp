@@ -29,7 +29,8 @@ namespace reference {
 namespace detail {
 
 // Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
-// of Q8_0 or Q4_0, y_i += d * (q . a_i), the int8 or nibble values widened to fp32 in registers
+// of Q8_0 or Q4_0 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values widened
+// to fp32 in registers
 // and multiplied with the fp32 activations, never written out as fp32 weights. The weight is
 // ggml's d * q exactly; only the order of the fp32 roundings differs from decoding first (d
 // applied to a block's sum rather than to each value). Built where the compiler targets AVX-512
@@ -48,6 +49,7 @@ inline fused_vec fused_fma(fused_vec a, fused_vec b, fused_vec c) noexcept {
 }
 inline fused_vec fused_mul(fused_vec a, fused_vec b) noexcept { return _mm512_mul_ps(a, b); }
 inline fused_vec fused_sub(fused_vec a, fused_vec b) noexcept { return _mm512_sub_ps(a, b); }
+inline fused_vec fused_add(fused_vec a, fused_vec b) noexcept { return _mm512_add_ps(a, b); }
 inline fused_vec fused_set1(float v) noexcept { return _mm512_set1_ps(v); }
 inline float fused_sum(fused_vec a, fused_vec b) noexcept {  // (GCC 12 warns on reduce_add's)
   alignas(64) float t[16];
@@ -74,6 +76,7 @@ inline fused_vec fused_fma(fused_vec a, fused_vec b, fused_vec c) noexcept {
 }
 inline fused_vec fused_mul(fused_vec a, fused_vec b) noexcept { return _mm256_mul_ps(a, b); }
 inline fused_vec fused_sub(fused_vec a, fused_vec b) noexcept { return _mm256_sub_ps(a, b); }
+inline fused_vec fused_add(fused_vec a, fused_vec b) noexcept { return _mm256_add_ps(a, b); }
 inline fused_vec fused_set1(float v) noexcept { return _mm256_set1_ps(v); }
 inline float fused_sum(fused_vec a, fused_vec b) noexcept {
   const __m256 s = _mm256_add_ps(a, b);
@@ -91,44 +94,89 @@ inline fused_vec fused_u8(__m128i v) noexcept {
 }
 #endif
 
-// y[i] = a_i . row for M activation rows a[M][k] (lda) and one row of `type` (Q8_0 or Q4_0,
-// k a multiple of 32). O(M k).
+constexpr int fused_per = 32 / fused_lanes;  // vectors in 32 values
+
+// 32 values 0..255 (v0's 16 bytes, then v1's) as fused_per vectors of floats.
+inline void fused_widen32(__m128i v0, __m128i v1, fused_vec (&q)[fused_per]) noexcept {
+  if constexpr (fused_lanes == 16) {
+    q[0] = fused_u8(v0);
+    q[1] = fused_u8(v1);
+  } else {
+    q[0] = fused_u8(v0);
+    q[1] = fused_u8(_mm_srli_si128(v0, 8));
+    q[2] = fused_u8(v1);
+    q[3] = fused_u8(_mm_srli_si128(v1, 8));
+  }
+}
+
+// sum_u q[u] * x[u lanes ...] over 32 values, lane-wise.
+inline fused_vec fused_dot32(const fused_vec (&q)[fused_per], const float* x) noexcept {
+  fused_vec t = fused_mul(q[0], fused_load(x));
+  for (int u = 1; u < fused_per; ++u) t = fused_fma(q[u], fused_load(x + u * fused_lanes), t);
+  return t;
+}
+
+// x's 32 values summed lane-wise.
+inline fused_vec fused_sum32(const float* x) noexcept {
+  fused_vec t = fused_load(x);
+  for (int u = 1; u < fused_per; ++u) t = fused_add(t, fused_load(x + u * fused_lanes));
+  return t;
+}
+
+// y[i] = a_i . row for M activation rows a[M][k] (lda) and one row of `type` (Q8_0, Q4_0: k a
+// multiple of 32; Q4_K: of 256). Q4_K's values d sc q - dmin m of each 32-value sub-block enter
+// as d sc (q . a) - dmin m (sum of a). O(M k).
 template <int M>
 void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k, const float* a,
                std::int64_t lda, float* y) noexcept {
-  constexpr int per = 32 / fused_lanes;  // vectors a block
   fused_vec acc[M][2];
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = fused_zero();
-  const std::int64_t blocks = k / 32;
-  const bool q8 = type == checkpoint::ggml_type::q8_0;
-  const std::int64_t block_bytes = q8 ? 34 : 18;
-  for (std::int64_t b = 0; b < blocks; ++b, p += block_bytes) {
-    const fused_vec d = fused_set1(fp16_scale(p));
-    fused_vec q[per];
-    if (q8) {
-      for (int u = 0; u < per; ++u) q[u] = fused_i8(p + 2 + u * fused_lanes);
-    } else {  // Q4_0: values j < 16 the low nibbles, j >= 16 the high ones, each minus 8
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
-      const __m128i mask = _mm_set1_epi8(0x0F);
-      const __m128i lo = _mm_and_si128(bytes, mask);
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-      const fused_vec eight = fused_set1(8.0f);
-      if constexpr (fused_lanes == 16) {
-        q[0] = fused_u8(lo);
-        q[1] = fused_u8(hi);
-      } else {
-        q[0] = fused_u8(lo);
-        q[1] = fused_u8(_mm_srli_si128(lo, 8));
-        q[2] = fused_u8(hi);
-        q[3] = fused_u8(_mm_srli_si128(hi, 8));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  if (type == checkpoint::ggml_type::q4_k) {  // 256 values: d, dmin, 12 scale bytes, 128 nibbles
+    for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
+      const float d = fp16_scale(p), dmin = fp16_scale(p + 2);
+      const unsigned char* sc = p + 4;
+      const unsigned char* nib = p + 16;
+      for (int c = 0; c < 4; ++c, nib += 32) {  // 64 values: low nibbles, then high ones
+        const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
+        const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib + 16));
+        fused_vec lo[fused_per], hi[fused_per];
+        fused_widen32(_mm_and_si128(b0, mask), _mm_and_si128(b1, mask), lo);
+        fused_widen32(_mm_and_si128(_mm_srli_epi16(b0, 4), mask),
+                      _mm_and_si128(_mm_srli_epi16(b1, 4), mask), hi);
+        unsigned s1, m1, s2, m2;
+        checkpoint::detail::scale_min_k4(2 * c, sc, s1, m1);
+        checkpoint::detail::scale_min_k4(2 * c + 1, sc, s2, m2);
+        const fused_vec d1 = fused_set1(d * static_cast<float>(s1));
+        const fused_vec d2 = fused_set1(d * static_cast<float>(s2));
+        const fused_vec n1 = fused_set1(-dmin * static_cast<float>(m1));
+        const fused_vec n2 = fused_set1(-dmin * static_cast<float>(m2));
+        for (int i = 0; i < M; ++i) {
+          const float* x = a + i * lda + b * 256 + c * 64;
+          fused_vec t = fused_fma(fused_dot32(lo, x), d1, acc[i][0]);
+          t = fused_fma(fused_sum32(x), n1, t);
+          t = fused_fma(fused_dot32(hi, x + 32), d2, t);
+          acc[i][0] = fused_fma(fused_sum32(x + 32), n2, t);
+        }
       }
-      for (int u = 0; u < per; ++u) q[u] = fused_sub(q[u], eight);
     }
-    for (int i = 0; i < M; ++i) {
-      const float* x = a + i * lda + b * 32;
-      fused_vec t = fused_mul(q[0], fused_load(x));
-      for (int u = 1; u < per; ++u) t = fused_fma(q[u], fused_load(x + u * fused_lanes), t);
-      acc[i][b & 1] = fused_fma(t, d, acc[i][b & 1]);
+  } else {
+    const bool q8 = type == checkpoint::ggml_type::q8_0;
+    const std::int64_t block_bytes = q8 ? 34 : 18;
+    for (std::int64_t b = 0; b < k / 32; ++b, p += block_bytes) {
+      const fused_vec d = fused_set1(fp16_scale(p));
+      fused_vec q[fused_per];
+      if (q8) {
+        for (int u = 0; u < fused_per; ++u) q[u] = fused_i8(p + 2 + u * fused_lanes);
+      } else {  // Q4_0: values j < 16 the low nibbles, j >= 16 the high ones, each minus 8
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+        fused_widen32(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask), q);
+        const fused_vec eight = fused_set1(8.0f);
+        for (int u = 0; u < fused_per; ++u) q[u] = fused_sub(q[u], eight);
+      }
+      for (int i = 0; i < M; ++i) {
+        acc[i][b & 1] = fused_fma(fused_dot32(q, a + i * lda + b * 32), d, acc[i][b & 1]);
+      }
     }
   }
   for (int i = 0; i < M; ++i) y[i] = fused_sum(acc[i][0], acc[i][1]);
@@ -138,7 +186,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 /// Whether rows of `type` dot straight from their blocks on this build (fused_dot).
 constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
   return PREPACK_FUSED_DOT &&
-         (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0);
+         (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
+          type == checkpoint::ggml_type::q4_k);
 }
 
 }  // namespace detail
