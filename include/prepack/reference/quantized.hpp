@@ -133,6 +133,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = fused_zero();
   const __m128i mask = _mm_set1_epi8(0x0F);
   if (type == checkpoint::ggml_type::q4_k) {  // 256 values: d, dmin, 12 scale bytes, 128 nibbles
+    fused_vec mins[M][2];
+    for (int i = 0; i < M; ++i) mins[i][0] = mins[i][1] = fused_zero();
     for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
       const float d = fp16_scale(p), dmin = fp16_scale(p + 2);
       const unsigned char* sc = p + 4;
@@ -151,14 +153,18 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
         const fused_vec d2 = fused_set1(d * static_cast<float>(s2));
         const fused_vec n1 = fused_set1(-dmin * static_cast<float>(m1));
         const fused_vec n2 = fused_set1(-dmin * static_cast<float>(m2));
-        for (int i = 0; i < M; ++i) {
+        for (int i = 0; i < M; ++i) {  // four independent chains, not one of four FMAs
           const float* x = a + i * lda + b * 256 + c * 64;
-          fused_vec t = fused_fma(fused_dot32(lo, x), d1, acc[i][0]);
-          t = fused_fma(fused_sum32(x), n1, t);
-          t = fused_fma(fused_dot32(hi, x + 32), d2, t);
-          acc[i][0] = fused_fma(fused_sum32(x + 32), n2, t);
+          acc[i][0] = fused_fma(fused_dot32(lo, x), d1, acc[i][0]);
+          acc[i][1] = fused_fma(fused_dot32(hi, x + 32), d2, acc[i][1]);
+          mins[i][0] = fused_fma(fused_sum32(x), n1, mins[i][0]);
+          mins[i][1] = fused_fma(fused_sum32(x + 32), n2, mins[i][1]);
         }
       }
+    }
+    for (int i = 0; i < M; ++i) {
+      acc[i][0] = fused_add(acc[i][0], mins[i][0]);
+      acc[i][1] = fused_add(acc[i][1], mins[i][1]);
     }
   } else {
     const bool q8 = type == checkpoint::ggml_type::q8_0;
