@@ -480,35 +480,43 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
                        "tokens: ");
 }
 
-// A layer of Q8_0, Q4_0 and Q4_K rows (fused Q | K | V style: three segments) multiplies like the
+// A layer of Q8_0, Q4_0, Q4_K and Q6_K rows (a fused layer's segments) multiplies like the
 // values its blocks define, computed here in double from the bytes by ggml's definitions
 // (dequantize_row_q8_0: d q; dequantize_row_q4_0: d (q - 8); dequantize_row_q4_K: d sc q - dmin m
-// with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per 64 values); at 1
+// with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per 64 values;
+// dequantize_row_q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales); at 1
 // to 4 rows (where AVX2 / AVX-512 builds dot straight from the blocks) and at 5, 9 and 17
 // (decoded rows, decoded panels), with and without accumulating, on 1 and 2 threads.
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   using prepack::checkpoint::ggml_type;
   std::mt19937 rng(23);
-  const Eigen::Index k = 512, rows8 = 7, rows4 = 6, rowsk = 5;
+  const Eigen::Index k = 512, rows8 = 7, rows4 = 6, rowsk = 5, rows6 = 4;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
     at[1] = static_cast<unsigned char>(h >> 8);
   };
   const auto blocks = [&](ggml_type t, Eigen::Index rows) {
-    const std::size_t bytes = t == ggml_type::q8_0 ? 34 : t == ggml_type::q4_0 ? 18 : 144;
-    const Eigen::Index values = t == ggml_type::q4_k ? 256 : 32;
+    const std::size_t bytes = t == ggml_type::q8_0   ? 34
+                              : t == ggml_type::q4_0 ? 18
+                              : t == ggml_type::q4_k ? 144
+                                                     : 210;
+    const Eigen::Index values = t == ggml_type::q8_0 || t == ggml_type::q4_0 ? 32 : 256;
     std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / values) * bytes);
     for (std::size_t i = 0; i < b.size(); i += bytes) {
       for (std::size_t j = 0; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
       const float d = 0.01f * static_cast<float>(1 + rng() % 50) * (rng() % 2 ? 1.0f : -1.0f);
-      fp16(&b[i], t == ggml_type::q4_k ? d / 64 : d);
+      if (t == ggml_type::q6_k) {
+        fp16(&b[i + 208], d / 64);  // d last; the int8 scales stay random
+      } else {
+        fp16(&b[i], t == ggml_type::q4_k ? d / 64 : d);
+      }
       if (t == ggml_type::q4_k) fp16(&b[i + 2], 0.002f * static_cast<float>(rng() % 8));
     }
     return b;
   };
   const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4),
-             bk = blocks(ggml_type::q4_k, rowsk);
+             bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6);
   // The rows' values by the definitions, in double.
   std::vector<std::vector<double>> w;
   for (Eigen::Index r = 0; r < rows8; ++r) {
@@ -558,6 +566,27 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
     }
     w.push_back(row);
   }
+  for (Eigen::Index r = 0; r < rows6; ++r) {  // dequantize_row_q6_K
+    std::vector<double> row(static_cast<std::size_t>(k));
+    for (Eigen::Index b = 0; b < k / 256; ++b) {
+      const unsigned char* p = b6.data() + static_cast<std::size_t>(r * k / 256 + b) * 210;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[208] | (p[209] << 8)));
+      for (int n = 0; n < 2; ++n) {
+        const unsigned char* ql = p + 64 * n;
+        const unsigned char* qh = p + 128 + 32 * n;
+        const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192 + 8 * n);
+        double* y = row.data() + b * 256 + 128 * n;
+        for (int l = 0; l < 32; ++l) {
+          const int is = l / 16;
+          y[l] = d * sc[is] * (((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32);
+          y[l + 32] = d * sc[is + 2] * (((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32);
+          y[l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+          y[l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+      }
+    }
+    w.push_back(row);
+  }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
@@ -565,8 +594,10 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
       ref::quantized_matrix::from_bytes(ggml_type::q4_0, rows4, k, b4.data(), b4.size(), "q4"));
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q4_k, rowsk, k, bk.data(), bk.size(), "q4k"));
+  segs.push_back(
+      ref::quantized_matrix::from_bytes(ggml_type::q6_k, rows6, k, b6.data(), b6.size(), "q6k"));
   const ref::linear layer(std::move(segs), ref::vector());
-  const Eigen::Index n = rows8 + rows4 + rowsk;
+  const Eigen::Index n = rows8 + rows4 + rowsk + rows6;
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
 #endif

@@ -30,11 +30,13 @@ namespace detail {
 
 // Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
 // of Q8_0 or Q4_0 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values widened
-// to fp32 in registers
-// and multiplied with the fp32 activations, never written out as fp32 weights. The weight is
-// ggml's d * q exactly; only the order of the fp32 roundings differs from decoding first (d
-// applied to a block's sum rather than to each value). Built where the compiler targets AVX-512
-// or AVX2 with FMA and F16C; elsewhere rows are decoded, then dotted.
+// to fp32 in registers and multiplied with the fp32 activations, never written out as fp32
+// weights; Q6_K's 16-value groups are widened to their decoded values d sc (q - 32) in registers.
+// The weight is ggml's value exactly; only the order of the fp32 roundings differs from decoding
+// first (d applied to a block's sum rather than to each value). Each accumulator is named at
+// compile time (a register, not a stack slot indexed at run time) and summed as a tree. Built
+// where the compiler targets AVX-512 or AVX2 with FMA and F16C; elsewhere rows are decoded,
+// then dotted.
 #if PREPACK_FUSED_DOT
 inline float fp16_scale(const unsigned char* p) noexcept {
   return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
@@ -51,12 +53,16 @@ inline fused_vec fused_mul(fused_vec a, fused_vec b) noexcept { return _mm512_mu
 inline fused_vec fused_sub(fused_vec a, fused_vec b) noexcept { return _mm512_sub_ps(a, b); }
 inline fused_vec fused_add(fused_vec a, fused_vec b) noexcept { return _mm512_add_ps(a, b); }
 inline fused_vec fused_set1(float v) noexcept { return _mm512_set1_ps(v); }
-inline float fused_sum(fused_vec a, fused_vec b) noexcept {  // (GCC 12 warns on reduce_add's)
-  alignas(64) float t[16];
-  _mm512_store_ps(t, _mm512_add_ps(a, b));
-  float s = 0.0f;
-  for (const float v : t) s += v;
-  return s;
+inline float fused_sum(fused_vec a, fused_vec b) noexcept {
+  // A tree of log2(16) dependent adds over whole-register shuffles (the zero-masked forms:
+  // GCC 12 warns on the unmasked ones' undefined source, and on extract / reduce_add).
+  const __mmask16 all = 0xFFFF;
+  __m512 s = _mm512_add_ps(a, b);
+  s = _mm512_add_ps(s, _mm512_maskz_shuffle_f32x4(all, s, s, 0x4E));  // halves swapped
+  s = _mm512_add_ps(s, _mm512_maskz_shuffle_f32x4(all, s, s, 0xB1));  // quarters, in pairs
+  s = _mm512_add_ps(s, _mm512_maskz_permute_ps(all, s, 0x4E));
+  s = _mm512_add_ps(s, _mm512_maskz_permute_ps(all, s, 0xB1));
+  return _mm512_cvtss_f32(s);
 }
 // 16 int8 / uint8 values at p as 16 floats.
 inline fused_vec fused_i8(const unsigned char* p) noexcept {
@@ -94,7 +100,18 @@ inline fused_vec fused_u8(__m128i v) noexcept {
 }
 #endif
 
-constexpr int fused_per = 32 / fused_lanes;  // vectors in 32 values
+constexpr int fused_per = 32 / fused_lanes;    // vectors in 32 values
+constexpr int fused_per16 = 16 / fused_lanes;  // vectors in 16 values
+
+// 16 int8 values as fused_per16 vectors of floats.
+inline void fused_widen16(__m128i v, fused_vec (&q)[fused_per16]) noexcept {
+#if defined(__AVX512F__)
+  q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v));
+#else
+  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+#endif
+}
 
 // 32 values 0..255 (v0's 16 bytes, then v1's) as fused_per vectors of floats.
 inline void fused_widen32(__m128i v0, __m128i v1, fused_vec (&q)[fused_per]) noexcept {
@@ -124,15 +141,60 @@ inline fused_vec fused_sum32(const float* x) noexcept {
 }
 
 // y[i] = a_i . row for M activation rows a[M][k] (lda) and one row of `type` (Q8_0, Q4_0: k a
-// multiple of 32; Q4_K: of 256). Q4_K's values d sc q - dmin m of each 32-value sub-block enter
-// as d sc (q . a) - dmin m (sum of a). O(M k).
+// multiple of 32; Q4_K, Q6_K: of 256). Q4_K's values d sc q - dmin m of each 32-value sub-block
+// enter as d sc (q . a) - dmin m (sum of a). O(M k).
 template <int M>
 void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k, const float* a,
                std::int64_t lda, float* y) noexcept {
   fused_vec acc[M][2];
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = fused_zero();
   const __m128i mask = _mm_set1_epi8(0x0F);
-  if (type == checkpoint::ggml_type::q4_k) {  // 256 values: d, dmin, 12 scale bytes, 128 nibbles
+  if (type == checkpoint::ggml_type::q6_k) {  // 256 values: 128 low nibbles, 64 2-bit highs,
+    // 16 int8 scales, d; value d sc_g (q - 32) for 16-value groups g, each ds_g * (q - 32)
+    // exactly as decoding gives it (ds_g = d sc_g rounded once), then dotted with each row.
+    const __m128i three0 = _mm_set1_epi8(0x30), bias = _mm_set1_epi8(32);
+    for (std::int64_t b = 0; b < k / 256; ++b, p += 210) {
+      const float d = fp16_scale(p + 208);
+      const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192);
+      for (int half = 0; half < 2; ++half) {
+        const unsigned char* ql = p + 64 * half;
+        const unsigned char* qh = p + 128 + 32 * half;
+        const std::int8_t* sc = scales + 8 * half;
+        const std::int64_t off = b * 256 + 128 * half;
+        for (int j = 0; j < 2; ++j) {  // values l in [16 j, 16 j + 16) of each quarter
+          const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * j));
+          const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 32 + 16 * j));
+          const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * j));
+          const __m128i q6[4] = {
+              _mm_or_si128(_mm_and_si128(lo, mask), _mm_and_si128(_mm_slli_epi16(h, 4), three0)),
+              _mm_or_si128(_mm_and_si128(hi, mask), _mm_and_si128(_mm_slli_epi16(h, 2), three0)),
+              _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lo, 4), mask), _mm_and_si128(h, three0)),
+              _mm_or_si128(_mm_and_si128(_mm_srli_epi16(hi, 4), mask),
+                           _mm_and_si128(_mm_srli_epi16(h, 2), three0))};
+          // Quarters 0 and 2 into one accumulator, 1 and 3 into another (indices known at
+          // compile time, so they stay in registers).
+          const auto group = [&](int quarter, int u_acc) {
+            fused_vec w[fused_per16];
+            fused_widen16(_mm_sub_epi8(q6[quarter], bias), w);
+            const fused_vec ds = fused_set1(d * static_cast<float>(sc[j + 2 * quarter]));
+            for (int u = 0; u < fused_per16; ++u) w[u] = fused_mul(w[u], ds);
+            const float* x = a + off + 32 * quarter + 16 * j;
+            for (int i = 0; i < M; ++i) {
+              for (int u = 0; u < fused_per16; ++u) {
+                acc[i][u_acc] =
+                    fused_fma(w[u], fused_load(x + i * lda + u * fused_lanes), acc[i][u_acc]);
+              }
+            }
+          };
+          group(0, 0);
+          group(1, 1);
+          group(2, 0);
+          group(3, 1);
+        }
+      }
+    }
+  } else if (type == checkpoint::ggml_type::q4_k) {
+    // 256 values: d, dmin, 12 scale bytes, 128 nibbles
     fused_vec mins[M][2];
     for (int i = 0; i < M; ++i) mins[i][0] = mins[i][1] = fused_zero();
     for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
@@ -169,20 +231,33 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
   } else {
     const bool q8 = type == checkpoint::ggml_type::q8_0;
     const std::int64_t block_bytes = q8 ? 34 : 18;
-    for (std::int64_t b = 0; b < k / 32; ++b, p += block_bytes) {
-      const fused_vec d = fused_set1(fp16_scale(p));
+    // Two blocks a step into two accumulators each (indices known at compile time, so they
+    // stay in registers), then an odd last block.
+    const auto block = [&](const unsigned char* blk, const float* x0, fused_vec(&acc_i)[M]) {
+      const fused_vec d = fused_set1(fp16_scale(blk));
       fused_vec q[fused_per];
       if (q8) {
-        for (int u = 0; u < fused_per; ++u) q[u] = fused_i8(p + 2 + u * fused_lanes);
+        for (int u = 0; u < fused_per; ++u) q[u] = fused_i8(blk + 2 + u * fused_lanes);
       } else {  // Q4_0: values j < 16 the low nibbles, j >= 16 the high ones, each minus 8
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2));
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
         fused_widen32(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask), q);
         const fused_vec eight = fused_set1(8.0f);
         for (int u = 0; u < fused_per; ++u) q[u] = fused_sub(q[u], eight);
       }
-      for (int i = 0; i < M; ++i) {
-        acc[i][b & 1] = fused_fma(fused_dot32(q, a + i * lda + b * 32), d, acc[i][b & 1]);
-      }
+      for (int i = 0; i < M; ++i) acc_i[i] = fused_fma(fused_dot32(q, x0 + i * lda), d, acc_i[i]);
+    };
+    fused_vec even[M], odd[M];
+    for (int i = 0; i < M; ++i) even[i] = odd[i] = fused_zero();
+    const std::int64_t nb = k / 32;
+    std::int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += 2 * block_bytes) {
+      block(p, a + b * 32, even);
+      block(p + block_bytes, a + (b + 1) * 32, odd);
+    }
+    if (b < nb) block(p, a + b * 32, even);
+    for (int i = 0; i < M; ++i) {
+      acc[i][0] = even[i];
+      acc[i][1] = odd[i];
     }
   }
   for (int i = 0; i < M; ++i) y[i] = fused_sum(acc[i][0], acc[i][1]);
@@ -193,7 +268,7 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
   return PREPACK_FUSED_DOT &&
          (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
-          type == checkpoint::ggml_type::q4_k);
+          type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q6_k);
 }
 
 }  // namespace detail
