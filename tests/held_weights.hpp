@@ -71,10 +71,36 @@ class held_source final : public ref::weight_source {
   ref::weights w_;
 };
 
-// The seeded model of config c (ref::random_weights) with every matrix held quantized.
-inline ref::model held_model(const ref::config& c, std::uint64_t seed) {
+// c with hidden and ffn widths of whole 32-value blocks, so that its Q | K | V, gate | up, down
+// and LM head rows are Q8_0 (held_rows) and dot 8-bit activations when asked to.
+inline ref::config whole_blocks(ref::config c) {
+  c.hidden = 64;
+  c.ffn = 96;
+  return c;
+}
+
+// How far a model's cache and logits may stray from running each request alone, and the logit
+// margin under which greedy tokens may split: fp32 rounding, or with 8-bit activations a
+// rounding step of some activation (an fp32 sum ordered otherwise, as a one-token step orders
+// attention unlike a whole prefill, can put a value on the other side of a step: a change of
+// d_b |w| in a dot, then carried forward; bit-equal where the orders agree, as packed
+// prefills are).
+struct slack {
+  double kv = 1e-4, logits = 1e-3;
+  float tie = 1e-3f;
+};
+inline slack slack_for(const ref::model& m) {
+  return m.int8_activations() ? slack{0.1, 0.1, 0.1f} : slack{};
+}
+
+// The seeded model of config c (ref::random_weights) with every matrix held quantized, its
+// layers dotting 8-bit activations with `int8` (model_options::activations; the layers of
+// whole Q8_0 blocks).
+inline ref::model held_model(const ref::config& c, std::uint64_t seed, bool int8 = false) {
   held_source src(ref::random_weights(c, seed));
-  return ref::model(c, src);
+  ref::model_options o;
+  if (int8) o.activations = ref::activation_type::int8;
+  return ref::model(c, src, o);
 }
 
 }  // namespace test

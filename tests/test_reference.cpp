@@ -108,12 +108,16 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
   for (ref::gemm_backend be : backends()) {
     std::mt19937_64 rng(2);
     diff worst[std::size(kMethods)];
-    int near_ties = 0;
+    int near_ties = 0, int8_layers = 0;
     for (int trial = 0; trial < 10; ++trial) {
-      const ref::config c = random_config(rng);
+      ref::config c = random_config(rng);
+      if (trial % 4 == 3) c = test::whole_blocks(c);
       const std::uint64_t seed = rng();
-      // Odd trials hold the projections quantized (Q8_0 rows, decoded inside the GEMMs).
-      const ref::model m = trial % 2 ? test::held_model(c, seed) : ref::model(c, seed);
+      // Odd trials hold the projections quantized (Q8_0 rows, decoded inside the GEMMs); 3 and
+      // 7 dot them with 8-bit activations.
+      const ref::model m =
+          trial % 2 ? test::held_model(c, seed, trial % 4 == 3) : ref::model(c, seed);
+      int8_layers += m.int8_layers().first;
       const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
       const auto len = lengths_of(prompts);
       const int new_tokens = 8;
@@ -152,6 +156,7 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
                   kMethods[mi].name, worst[mi].kv, worst[mi].logits);
     }
     std::printf("greedy steps at a near-tie (margin < 1e-3) in the reference: %d\n", near_ties);
+    EXPECT_GT(int8_layers, 0) << "no trial dotted 8-bit activations";
   }
 }
 
@@ -480,17 +485,21 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
                        "tokens: ");
 }
 
-// A layer of Q8_0, Q4_0, Q4_K and Q6_K rows (a fused layer's segments) multiplies like the
-// values its blocks define, computed here in double from the bytes by ggml's definitions
-// (dequantize_row_q8_0: d q; dequantize_row_q4_0: d (q - 8); dequantize_row_q4_K: d sc q - dmin m
-// with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per 64 values;
-// dequantize_row_q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales); at 1
-// to 4 rows (where AVX2 / AVX-512 builds dot straight from the blocks) and at 5, 9 and 17
-// (decoded rows, decoded panels), with and without accumulating, on 1 and 2 threads.
-TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
+// A layer of `k` inputs whose rows are random blocks of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K (a fused
+// layer's segments, in that order), and each row's values computed here in double from the bytes
+// by ggml's definitions (dequantize_row_q8_0: d q; q4_0: d (q - 8); q4_1: d q + m; q4_K:
+// d sc q - dmin m with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per
+// 64 values; q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales), with the part
+// of each value that is an offset rather than a multiple of q.
+struct quantized_layer_case {
+  std::vector<ref::quantized_matrix> segs;
+  std::vector<std::vector<double>> w;       // [row][k]
+  std::vector<std::vector<double>> offset;  // [row][k]  the part of w not scaled by q: Q4_1's m,
+                                            // Q4_K's -dmin m (0 for the other types)
+};
+quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
   using prepack::checkpoint::ggml_type;
-  std::mt19937 rng(23);
-  const Eigen::Index k = 512, rows8 = 7, rows4 = 6, rowsk = 5, rows6 = 4;
+  const Eigen::Index rows8 = 7, rows4 = 6, rowsk = 5, rows6 = 4, rows1 = 3;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
@@ -499,9 +508,10 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   const auto blocks = [&](ggml_type t, Eigen::Index rows) {
     const std::size_t bytes = t == ggml_type::q8_0   ? 34
                               : t == ggml_type::q4_0 ? 18
+                              : t == ggml_type::q4_1 ? 20
                               : t == ggml_type::q4_k ? 144
                                                      : 210;
-    const Eigen::Index values = t == ggml_type::q8_0 || t == ggml_type::q4_0 ? 32 : 256;
+    const Eigen::Index values = t == ggml_type::q4_k || t == ggml_type::q6_k ? 256 : 32;
     std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / values) * bytes);
     for (std::size_t i = 0; i < b.size(); i += bytes) {
       for (std::size_t j = 0; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
@@ -512,14 +522,17 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
         fp16(&b[i], t == ggml_type::q4_k ? d / 64 : d);
       }
       if (t == ggml_type::q4_k) fp16(&b[i + 2], 0.002f * static_cast<float>(rng() % 8));
+      if (t == ggml_type::q4_1) fp16(&b[i + 2], 0.05f * static_cast<float>(rng() % 9) - 0.2f);
     }
     return b;
   };
   const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4),
-             bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6);
+             bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6),
+             b1 = blocks(ggml_type::q4_1, rows1);
   // The rows' values by the definitions, in double.
-  std::vector<std::vector<double>> w;
+  std::vector<std::vector<double>> w, offsets;
   for (Eigen::Index r = 0; r < rows8; ++r) {
+    std::vector<double> off;
     std::vector<double> row;
     for (Eigen::Index b = 0; b < k / 32; ++b) {
       const unsigned char* p = b8.data() + static_cast<std::size_t>(r * k / 32 + b) * 34;
@@ -527,8 +540,10 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
       for (int j = 0; j < 32; ++j) row.push_back(d * static_cast<std::int8_t>(p[2 + j]));
     }
     w.push_back(row);
+    offsets.push_back(off.empty() ? std::vector<double>(static_cast<std::size_t>(k)) : off);
   }
   for (Eigen::Index r = 0; r < rows4; ++r) {
+    std::vector<double> off;
     std::vector<double> row(static_cast<std::size_t>(k));
     for (Eigen::Index b = 0; b < k / 32; ++b) {
       const unsigned char* p = b4.data() + static_cast<std::size_t>(r * k / 32 + b) * 18;
@@ -539,6 +554,25 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
       }
     }
     w.push_back(row);
+    offsets.push_back(off.empty() ? std::vector<double>(static_cast<std::size_t>(k)) : off);
+  }
+  for (Eigen::Index r = 0; r < rows1; ++r) {  // dequantize_row_q4_1: d q + m
+    std::vector<double> off;
+    std::vector<double> row(static_cast<std::size_t>(k));
+    for (Eigen::Index b = 0; b < k / 32; ++b) {
+      const unsigned char* p = b1.data() + static_cast<std::size_t>(r * k / 32 + b) * 20;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      const double m = prepack::half::to_float(static_cast<std::uint16_t>(p[2] | (p[3] << 8)));
+      off.resize(static_cast<std::size_t>(k));
+      for (int j = 0; j < 16; ++j) {
+        row[static_cast<std::size_t>(b * 32 + j)] = d * (p[4 + j] & 0x0F) + m;
+        row[static_cast<std::size_t>(b * 32 + j + 16)] = d * (p[4 + j] >> 4) + m;
+        off[static_cast<std::size_t>(b * 32 + j)] = off[static_cast<std::size_t>(b * 32 + j + 16)] =
+            m;
+      }
+    }
+    w.push_back(row);
+    offsets.push_back(off.empty() ? std::vector<double>(static_cast<std::size_t>(k)) : off);
   }
   const auto scale_min = [](int j, const unsigned char* q, int& sc, int& mn) {  // get_scale_min_k4
     if (j < 4) {
@@ -550,6 +584,7 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
     }
   };
   for (Eigen::Index r = 0; r < rowsk; ++r) {
+    std::vector<double> off;
     std::vector<double> row;
     for (Eigen::Index b = 0; b < k / 256; ++b) {
       const unsigned char* p = bk.data() + static_cast<std::size_t>(r * k / 256 + b) * 144;
@@ -562,11 +597,15 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
         const unsigned char* q = p + 16 + 32 * c;
         for (int l = 0; l < 32; ++l) row.push_back(d * s1 * (q[l] & 0xF) - dmin * m1);
         for (int l = 0; l < 32; ++l) row.push_back(d * s2 * (q[l] >> 4) - dmin * m2);
+        off.insert(off.end(), 32, -dmin * m1);
+        off.insert(off.end(), 32, -dmin * m2);
       }
     }
     w.push_back(row);
+    offsets.push_back(off.empty() ? std::vector<double>(static_cast<std::size_t>(k)) : off);
   }
   for (Eigen::Index r = 0; r < rows6; ++r) {  // dequantize_row_q6_K
+    std::vector<double> off;
     std::vector<double> row(static_cast<std::size_t>(k));
     for (Eigen::Index b = 0; b < k / 256; ++b) {
       const unsigned char* p = b6.data() + static_cast<std::size_t>(r * k / 256 + b) * 210;
@@ -586,6 +625,7 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
       }
     }
     w.push_back(row);
+    offsets.push_back(off.empty() ? std::vector<double>(static_cast<std::size_t>(k)) : off);
   }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
@@ -593,11 +633,25 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q4_0, rows4, k, b4.data(), b4.size(), "q4"));
   segs.push_back(
+      ref::quantized_matrix::from_bytes(ggml_type::q4_1, rows1, k, b1.data(), b1.size(), "q41"));
+  segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q4_k, rowsk, k, bk.data(), bk.size(), "q4k"));
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q6_k, rows6, k, b6.data(), b6.size(), "q6k"));
+  return {std::move(segs), std::move(w), std::move(offsets)};
+}
+
+// A layer of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K rows (random_quantized_layer) multiplies like the
+// values its blocks define; at 1 to 4 rows (where AVX2 / AVX-512 builds dot straight from the
+// blocks) and at 5, 9 and 17 (decoded rows, decoded panels), with and without accumulating, on
+// 1 and 2 threads.
+TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
+  std::mt19937 rng(23);
+  const Eigen::Index k = 512;
+  auto [segs, w, offset] = random_quantized_layer(rng, k);
+  (void)offset;
+  const Eigen::Index n = static_cast<Eigen::Index>(w.size());
   const ref::linear layer(std::move(segs), ref::vector());
-  const Eigen::Index n = rows8 + rows4 + rowsk + rows6;
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
 #endif
@@ -634,6 +688,101 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
 #ifdef _OPENMP
   omp_set_num_threads(saved);
 #endif
+}
+
+// With 8-bit activations (linear's int8_activations), each output is within the stated bound of
+// the exact dot with the values the blocks define: |y - w . a| <= sum_b d_b / 2 sum_{i in b}
+// |w_i - o_i| (d_b = max |a| / 127 over the activation block b, computed here; o_i the value's
+// offset, Q4_1's m and Q4_K's -dmin m, which multiply the exact activations), plus fp32
+// rounding; it equals that dot with the activations quantized as stated (q = a / d_b to
+// nearest, ties to even; evaluated here in double from those q); and a row's result is
+// the same bits whatever rows multiply beside it (1 to 70 rows, tiles of 64 crossed), so packing
+// keeps every request equal to running it alone.
+TEST(Reference, Int8ActivationsDotWithinTheirBound) {
+  std::mt19937 rng(29);
+  const Eigen::Index k = 512;
+  auto [segs, w, offset] = random_quantized_layer(rng, k);
+  const Eigen::Index n = static_cast<Eigen::Index>(w.size());
+  const ref::linear layer(std::move(segs), ref::vector(), true);
+  ASSERT_TRUE(layer.int8_activations());
+  const ref::linear exact(layer.quantized_segments(), ref::vector());
+  EXPECT_FALSE(exact.int8_activations());
+  const Eigen::Index most = 70;
+  std::vector<float> a(static_cast<std::size_t>(most * k));
+  for (auto& v : a) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.0f;
+  for (Eigen::Index b = 0; b < k / 32; b += 5) a[static_cast<std::size_t>(b * 32 + 7)] = 0.0f;
+  std::fill(a.begin() + 64, a.begin() + 96, 0.0f);  // an all-zero block (d_b = 0)
+  // Row 0 alone, the reference bits for every batch size.
+  std::vector<float> alone(static_cast<std::size_t>(n));
+  std::vector<float> y;
+#ifdef _OPENMP
+  const int saved = omp_get_max_threads();
+#endif
+  for (const int threads : {1, 2}) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+    for (const Eigen::Index m : {1, 2, 3, 4, 5, 9, 17, 70}) {
+      for (const bool accumulate : {false, true}) {
+        std::vector<float> c(static_cast<std::size_t>(m * n), accumulate ? 0.5f : -7.0f);
+        ref::gemm_scratch scratch;
+        layer.apply(ref::gemm_backend::eigen, m, a.data(), k, c.data(), n, accumulate, scratch);
+        for (Eigen::Index i = 0; i < m; ++i) {
+          const float* x = a.data() + i * k;
+          std::vector<double> dq(static_cast<std::size_t>(k));  // d_b q, as stated
+          std::vector<double> half_step(static_cast<std::size_t>(k / 32));
+          for (Eigen::Index b = 0; b < k / 32; ++b) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[b * 32 + j]));
+            const float db = amax / 127.0f, id = db > 0.0f ? 1.0f / db : 0.0f;
+            half_step[static_cast<std::size_t>(b)] = db / 2.0;
+            for (int j = 0; j < 32; ++j) {
+              dq[static_cast<std::size_t>(b * 32 + j)] =
+                  static_cast<double>(db) * std::nearbyint(x[b * 32 + j] * id);
+            }
+          }
+          for (Eigen::Index j = 0; j < n; ++j) {
+            const std::vector<double>& row = w[static_cast<std::size_t>(j)];
+            const std::vector<double>& o = offset[static_cast<std::size_t>(j)];
+            double exact_dot = 0, quant_dot = 0, bound = 0, scale = 0;
+            for (Eigen::Index t = 0; t < k; ++t) {
+              const auto u = static_cast<std::size_t>(t);
+              const double scaled = row[u] - o[u];  // multiplies q; the offset, a's exact sum
+              exact_dot += row[u] * x[t];
+              quant_dot += scaled * dq[u] + o[u] * x[t];
+              bound += std::abs(scaled) * half_step[static_cast<std::size_t>(t / 32)];
+              scale += std::abs(row[u] * x[t]) + std::abs(scaled * x[t]);
+            }
+            const double got = c[static_cast<std::size_t>(i * n + j)] - (accumulate ? 0.5 : 0.0);
+            const std::string where = "m " + std::to_string(m) + " row " + std::to_string(j) +
+                                      " of " + std::to_string(i) + " threads " +
+                                      std::to_string(threads);
+            EXPECT_NEAR(got, quant_dot, 2e-6 * scale + 1e-6) << where;
+            EXPECT_LE(std::abs(got - exact_dot), bound + 2e-6 * scale + 1e-6) << where;
+            if (!accumulate && i == 0) {
+              if (m == 1 && threads == 1) {
+                alone[static_cast<std::size_t>(j)] = c[static_cast<std::size_t>(j)];
+              } else {
+                EXPECT_EQ(c[static_cast<std::size_t>(j)], alone[static_cast<std::size_t>(j)])
+                    << where;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+#ifdef _OPENMP
+  omp_set_num_threads(saved);
+#endif
+  // The mode is not the exact path: on these rows some output differs from it.
+  std::vector<float> c8(static_cast<std::size_t>(n)), c32(static_cast<std::size_t>(n));
+  ref::gemm_scratch scratch;
+  layer.apply(ref::gemm_backend::eigen, 1, a.data(), k, c8.data(), n, false, scratch);
+  exact.apply(ref::gemm_backend::eigen, 1, a.data(), k, c32.data(), n, false, scratch);
+  EXPECT_NE(c8, c32);
 }
 
 // Weights held quantized compute the function of their widened values: a model whose

@@ -126,9 +126,11 @@ struct gemm_scratch {
   std::vector<float> panels;        // [threads][k][panel]  weights widened to fp32 (emulated)
   std::vector<float> dense;         // [m][k]  strided fp32 activations, made dense for oneDNN
   std::vector<float> out;           // [m][n]  strided outputs, through oneDNN densely
+  detail::int8_rows int8;           // [m][k]  activations in 8 bits (int8 activation mode)
   std::size_t bytes() const noexcept {
     return bf16.size() * sizeof(std::uint16_t) +
-           (rounded.size() + panels.size() + dense.size() + out.size()) * sizeof(float);
+           (rounded.size() + panels.size() + dense.size() + out.size()) * sizeof(float) +
+           int8.bytes();
   }
 };
 
@@ -428,7 +430,11 @@ inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gem
 ///   its own ggml type: fused Q | K | V of a Q4_K_M file mixes Q4_K and Q6_K), the bytes of the
 ///   file and nothing more; every call decodes a panel of output rows at a time into per-thread
 ///   fp32 scratch, exactly as ggml defines the type, and multiplies it with fp32 GEMMs over fp32
-///   activations (so the function is that of the widened weights, within fp32 rounding). A
+///   activations (so the function is that of the widened weights, within fp32 rounding); or,
+///   opted into with `int8_activations` where every segment's type has integer dots
+///   (detail::int8_dot_type: Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), dotted in integers with the
+///   activations quantized to 8 bits per 32-value block (detail::int8_rows: llama.cpp's way,
+///   within the bound stated there, each row's result independent of the rows beside it). A
 ///   quantized layer may scale its input's columns first (`input_scale`: the RMSNorm weight that
 ///   fp32 layers fold into their rows, which quantized rows cannot absorb exactly).
 /// Cost of building: one pass over the weights (a reorder, or a rounding to bf16 and a reorder;
@@ -440,7 +446,7 @@ class linear {
   /// ([out][in], so transposed() is true); y = (x . input_scale) W^T, input_scale empty or [in].
   /// Throws prepack::error naming the segment whose width differs from the first's, no
   /// segments, or an input scale of another length.
-  linear(std::vector<quantized_matrix> segments, vector input_scale)
+  linear(std::vector<quantized_matrix> segments, vector input_scale, bool int8_activations = false)
       : q_(std::move(segments)), input_scale_(std::move(input_scale)), transposed_(true) {
     prepack::detail::require(!q_.empty() && !q_[0].empty(), "linear: no quantized rows");
     cols_ = q_[0].cols;
@@ -454,6 +460,9 @@ class linear {
     prepack::detail::require(input_scale_.size() == 0 || input_scale_.size() == cols_,
                              "linear: input scale of ", input_scale_.size(), " for ", cols_,
                              " inputs");
+    int8_ = int8_activations && cols_ % 32 == 0 &&
+            std::all_of(q_.begin(), q_.end(),
+                        [](const quantized_matrix& m) { return detail::int8_dot_type(m.type); });
   }
   linear(matrix w, bool transposed, weight_type type, gemm_backend layout = gemm_backend::automatic)
       : rows_(w.rows()), cols_(w.cols()), transposed_(transposed), type_(type) {
@@ -499,6 +508,9 @@ class linear {
   weight_type type() const noexcept { return type_; }
   /// Whether the weights are held quantized (see the class comment), and how.
   bool quantized() const noexcept { return !q_.empty(); }
+  /// Whether this quantized layer dots its rows with 8-bit activations (asked for, and every
+  /// segment's type has integer dots); else its function is that of the widened weights.
+  bool int8_activations() const noexcept { return int8_; }
   const std::vector<quantized_matrix>& quantized_segments() const noexcept { return q_; }
   const vector& input_scale() const noexcept { return input_scale_; }
   /// Whether the weights are held in oneDNN's own layout (see the class comment).
@@ -579,7 +591,11 @@ class linear {
     if (m == 0) return;
     const gemm_backend be = resolve(backend);
     if (quantized()) {
-      apply_panels(be, m, a, lda, c, ldc, accumulate, scratch);
+      if (int8_) {
+        apply_int8(m, a, lda, c, ldc, accumulate, scratch);
+      } else {
+        apply_panels(be, m, a, lda, c, ldc, accumulate, scratch);
+      }
       return;
     }
 #ifdef PREPACK_HAVE_ONEDNN
@@ -694,17 +710,7 @@ class linear {
       x = scratch.rounded.data();
       ldx = k;
     } else if (input_scale_.size() > 0) {  // quantized: the norm's weight on the input
-      const std::size_t size = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
-      if (scratch.rounded.size() < size) scratch.rounded.resize(size);
-      float* dst = scratch.rounded.data();
-      const float* g = input_scale_.data();
-      PREPACK_OMP(parallel for schedule(static))
-      for (Eigen::Index r = 0; r < m; ++r) {
-        const float* src = a + r * lda;
-        float* d = dst + r * k;
-        for (Eigen::Index j = 0; j < k; ++j) d[j] = src[j] * g[j];
-      }
-      x = dst;
+      x = scaled_input(m, a, lda, scratch);
       ldx = k;
     }
     const Eigen::Index n = out();
@@ -799,6 +805,86 @@ class linear {
       }
     }
     if (failed) throw prepack::error(failure);
+  }
+
+  // The input's columns times input_scale_ into scratch.rounded ([m][in], dense). O(m in).
+  const float* scaled_input(Eigen::Index m, const float* a, Eigen::Index lda,
+                            gemm_scratch& scratch) const {
+    const Eigen::Index k = in();
+    const std::size_t size = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
+    if (scratch.rounded.size() < size) scratch.rounded.resize(size);
+    float* dst = scratch.rounded.data();
+    const float* g = input_scale_.data();
+    PREPACK_OMP(parallel for schedule(static))
+    for (Eigen::Index r = 0; r < m; ++r) {
+      const float* src = a + r * lda;
+      float* d = dst + r * k;
+      for (Eigen::Index j = 0; j < k; ++j) d[j] = src[j] * g[j];
+    }
+    return dst;
+  }
+
+  // The int8 activation path: the input (scaled) quantized a row at a time, then every output
+  // row dotted in integers with every activation row (detail::int8_dot), a tile of activation
+  // rows at a time so that a thread's weight rows and the tile stay in its caches. O(m in) to
+  // quantize, O(m in out) to dot; no allocation once scratch has grown.
+  void apply_int8(Eigen::Index m, const float* a, Eigen::Index lda, float* c, Eigen::Index ldc,
+                  bool accumulate, gemm_scratch& scratch) const {
+    const Eigen::Index k = in(), n = out();
+    const float* x = a;
+    Eigen::Index ldx = lda;
+    if (input_scale_.size() > 0) {
+      x = scaled_input(m, a, lda, scratch);
+      ldx = k;
+    }
+    detail::int8_rows& q = scratch.int8;
+    q.reset(m, k);
+    const int threads = threads_for(0);
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads) if(m > 1))
+    for (Eigen::Index r = 0; r < m; ++r) q.quantize_row(r, x + r * ldx);
+    constexpr Eigen::Index tile = 64, chunk = 16;
+    const Eigen::Index chunks = (n + chunk - 1) / chunk;
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+    for (Eigen::Index ch = 0; ch < chunks; ++ch) {
+      const Eigen::Index j0 = ch * chunk, j1 = std::min(n, j0 + chunk);
+      for (Eigen::Index t0 = 0; t0 < m; t0 += tile) {
+        const Eigen::Index t1 = std::min(m, t0 + tile);
+        for (Eigen::Index j = j0; j < j1; ++j) {
+          const std::size_t sgi = segment(j);
+          const quantized_matrix& w = q_[sgi];
+          const unsigned char* row =
+              w.bytes.data() + static_cast<std::size_t>(j - q_start_[sgi]) * w.row_bytes;
+          float y[4];
+          const auto store = [&](Eigen::Index i, int rows) {
+            for (int u = 0; u < rows; ++u) {
+              float& out = c[(i + u) * ldc + j];
+              out = accumulate ? out + y[u] : y[u];
+            }
+          };
+          Eigen::Index i = t0;
+          for (; i + 4 <= t1; i += 4) {
+            detail::int8_dot<4>(w.type, row, k, q, i, y);
+            store(i, 4);
+          }
+          switch (t1 - i) {
+            case 3:
+              detail::int8_dot<3>(w.type, row, k, q, i, y);
+              store(i, 3);
+              break;
+            case 2:
+              detail::int8_dot<2>(w.type, row, k, q, i, y);
+              store(i, 2);
+              break;
+            case 1:
+              detail::int8_dot<1>(w.type, row, k, q, i, y);
+              store(i, 1);
+              break;
+            default:
+              break;
+          }
+        }
+      }
+    }
   }
 
   // Rows of activations from which the panel paths multiply with all threads per GEMM.
@@ -926,6 +1012,7 @@ class linear {
   std::vector<std::uint16_t> w16_;     // bf16, plain: the same layout
   Eigen::Index rows_ = 0, cols_ = 0;   // of w as given
   bool transposed_ = false;
+  bool int8_ = false;  // quantized: rows dotted with 8-bit activations
   weight_type type_ = weight_type::f32;
 };
 

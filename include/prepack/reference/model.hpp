@@ -74,6 +74,16 @@ struct prefill_options {
   gemm_backend backend = gemm_backend::automatic;
 };
 
+/// What a held quantized projection multiplies its rows with.
+enum class activation_type {
+  fp32,  // the activations as they are: the function of the widened weights (the default)
+  int8,  // quantized to 8 bits per 32-value block, dotted in integers (llama.cpp's way): faster
+         // on held Q8_0 / Q4_0 / Q4_1 / Q4_K / Q6_K rows, each dot within half a step of
+         // every activation block times its weights (detail::int8_rows states the bound);
+         // still per token, so every request equals running it alone under it. Other types,
+         // and fp32 weights, stay fp32.
+};
+
 /// How the model holds its weights.
 struct model_options {
   weight_type weights = weight_type::f32;
@@ -82,6 +92,8 @@ struct model_options {
   /// this CPU, which few-row GEMMs (decode) need to stream weights at the memory's speed; Eigen
   /// holds them plain. Calls may still run on either backend (see linear).
   gemm_backend layout = gemm_backend::automatic;
+  /// Activations of the projections held quantized (opt-in: activation_type::int8).
+  activation_type activations = activation_type::fp32;
 };
 
 /// Where a forward pass spent its time, and the work it did.
@@ -239,6 +251,25 @@ class model {
   /// how many weight matrices of each ggml type ("Q4_K" -> 154) are held that way.
   bool quantized() const noexcept { return !quantized_types_.empty(); }
   const std::map<std::string, int>& quantized_types() const noexcept { return quantized_types_; }
+  /// Whether held quantized projections dot with 8-bit activations (model_options::activations
+  /// asked for it and some layer's types allow it: int8_layers()). O(layers).
+  bool int8_activations() const noexcept { return int8_layers().first > 0; }
+  /// Of the quantized layers (fused projections and the LM head), how many dot with 8-bit
+  /// activations (model_options::activations; a layer with a segment of another type keeps
+  /// fp32), and how many there are. O(layers).
+  std::pair<int, int> int8_layers() const noexcept {
+    std::pair<int, int> n{0, 0};
+    const auto count = [&n](const linear& x) {
+      if (!x.quantized()) return;
+      ++n.second;
+      if (x.int8_activations()) ++n.first;
+    };
+    for (const layer& L : layers_) {
+      for (const linear* x : {&L.qkv, &L.o, &L.gate_up, &L.down}) count(*x);
+    }
+    count(lm_head_);
+    return n;
+  }
   /// Bytes of the prepared weights the model holds.
   std::size_t weight_bytes() const noexcept {
     std::size_t b = static_cast<std::size_t>(embed_.size() + final_norm_.size()) * sizeof(float) +
@@ -372,6 +403,7 @@ class model {
     const config& c = cfg_;
     const weight_type wt = opt_.weights;
     const gemm_backend lay = opt_.layout;
+    const bool int8 = opt_.activations == activation_type::int8;
     // The embedding (and an untied LM head) as stored where the source holds them quantized: a
     // row decoded per token, and the head's rows decoded a panel at a time like a projection.
     quantized_matrix embed_q = src.embed_quantized();
@@ -402,7 +434,7 @@ class model {
         seg.push_back(rows(lw.wq, q.wq));
         seg.push_back(rows(lw.wk, q.wk));
         seg.push_back(rows(lw.wv, q.wv));
-        L.qkv = linear(std::move(seg), lw.attn_norm);
+        L.qkv = linear(std::move(seg), lw.attn_norm, int8);
       } else {
         matrix qkv(c.hidden, c.q_dim() + 2 * c.kv_dim());
         qkv << lw.wq, lw.wk, lw.wv;
@@ -417,12 +449,12 @@ class model {
       L.q_norm = std::move(lw.q_norm);
       L.k_norm = std::move(lw.k_norm);
       L.o = q.wo.empty() ? linear(std::move(lw.wo), false, wt, lay)
-                         : linear(std::vector<quantized_matrix>{std::move(q.wo)}, vector());
+                         : linear(std::vector<quantized_matrix>{std::move(q.wo)}, vector(), int8);
       if (!q.w_gate.empty() || !q.w_up.empty()) {
         std::vector<quantized_matrix> seg;
         seg.push_back(rows(lw.w_gate, q.w_gate));
         seg.push_back(rows(lw.w_up, q.w_up));
-        L.gate_up = linear(std::move(seg), lw.mlp_norm);
+        L.gate_up = linear(std::move(seg), lw.mlp_norm, int8);
       } else {
         matrix gu(c.hidden, 2 * c.ffn);
         gu << lw.w_gate, lw.w_up;
@@ -432,7 +464,7 @@ class model {
       }
       L.down = q.w_down.empty()
                    ? linear(std::move(lw.w_down), false, wt, lay)
-                   : linear(std::vector<quantized_matrix>{std::move(q.w_down)}, vector());
+                   : linear(std::vector<quantized_matrix>{std::move(q.w_down)}, vector(), int8);
       for (const linear* x : {&L.qkv, &L.o, &L.gate_up, &L.down}) {
         for (const quantized_matrix& m : x->quantized_segments()) ++quantized_types_[m.type_name()];
       }
@@ -456,7 +488,7 @@ class model {
     // The LM head runs over a few rows per batch: fp32 (or as stored). Tied: one matrix serves
     // both (the embedding reads its rows).
     if (c.tied_embeddings && !embed_q.empty()) {
-      lm_head_ = linear(std::vector<quantized_matrix>{std::move(embed_q)}, vector());
+      lm_head_ = linear(std::vector<quantized_matrix>{std::move(embed_q)}, vector(), int8);
     } else if (c.tied_embeddings) {
       lm_head_ = linear(std::move(embed), true, weight_type::f32, gemm_backend::eigen);
     } else {
@@ -467,7 +499,7 @@ class model {
       }
       lm_head_ = head_q.empty()
                      ? linear(std::move(head), false, weight_type::f32, lay)
-                     : linear(std::vector<quantized_matrix>{std::move(head_q)}, vector());
+                     : linear(std::vector<quantized_matrix>{std::move(head_q)}, vector(), int8);
     }
   }
 
@@ -536,10 +568,11 @@ class model {
     const std::lock_guard<std::mutex> guard(work_.lock);
     detail::workspace& w = work_.work;
     w.reserve(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n());
-    memory = detail::total_memory(store.bytes,
-                                  w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(),
-                                          opt_.weights, backend, opt_.layout, quantized()),
-                                  b.mask_bytes);
+    memory = detail::total_memory(
+        store.bytes,
+        w.bytes(cfg_, b.n(), b.outputs.size(), b.max_pos(), threads.n(), opt_.weights, backend,
+                opt_.layout, quantized(), int8_activations()),
+        b.mask_bytes);
     detail::pass p(w, cfg_, b, threads.n(), backend);
     const Eigen::Index hidden = cfg_.hidden, ffn = cfg_.ffn, q_dim = cfg_.q_dim();
     embed(p, b);
@@ -679,23 +712,23 @@ class model {
 /// What a prefill over n_rows x width slots holding n_prompts prompts (the longest `longest`
 /// tokens) allocates (prefill_result::memory) with weights of type `weights` laid out for
 /// `layout` (model_options::layout), multiplied on `backend`, or held quantized (`quantized`,
-/// model::quantized()), from shapes alone, with the forward pass's own accounting and without
-/// changing any thread setting. Throws prepack::error if a size overflows size_t, c is invalid,
-/// or n_threads < 0.
+/// model::quantized(); `int8_activations`, model::int8_activations()), from shapes alone, with the
+/// forward pass's own accounting and without changing any thread setting. Throws prepack::error if
+/// a size overflows size_t, c is invalid, or n_threads < 0.
 inline memory_stats estimate_prefill_memory(const config& c, std::size_t n_rows, std::size_t width,
                                             std::size_t n_prompts, std::size_t longest,
                                             attention path, int n_threads = 0,
                                             weight_type weights = weight_type::f32,
                                             gemm_backend backend = gemm_backend::automatic,
                                             gemm_backend layout = gemm_backend::automatic,
-                                            bool quantized = false) {
+                                            bool quantized = false, bool int8_activations = false) {
   c.validate();
   const std::size_t slots = prepack::detail::mul(n_rows, width, "batch slots");
   detail::workspace w;  // counts, allocates nothing
   const auto work =
       w.bytes(c, slots, n_prompts,
               static_cast<std::int64_t>(path == attention::dense ? width : longest) - 1,
-              threads_for(n_threads), weights, backend, layout, quantized);
+              threads_for(n_threads), weights, backend, layout, quantized, int8_activations);
   const std::size_t kv = prepack::detail::mul(
       prepack::detail::mul(2 * static_cast<std::size_t>(c.n_layers), slots, "KV cache"),
       static_cast<std::size_t>(c.kv_dim()) * sizeof(float), "KV cache");
@@ -712,7 +745,8 @@ inline memory_stats model::estimate_memory(std::size_t n_rows, std::size_t width
                                            attention path, int n_threads,
                                            gemm_backend backend) const {
   return estimate_prefill_memory(cfg_, n_rows, width, n_prompts, longest, path, n_threads,
-                                 opt_.weights, backend, opt_.layout, quantized());
+                                 opt_.weights, backend, opt_.layout, quantized(),
+                                 int8_activations());
 }
 
 }  // namespace reference

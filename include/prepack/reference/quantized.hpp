@@ -6,10 +6,12 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../checkpoint/quant.hpp"
@@ -263,6 +265,330 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
   for (int i = 0; i < M; ++i) y[i] = fused_sum(acc[i][0], acc[i][1]);
 }
 #endif
+
+// ---- 8-bit activations (model_options::activations = activation_type::int8, opt-in) ----
+//
+// The activations of a row are quantized per 32-value block b as ggml's quantize_row_q8_0 does:
+// d_b = max |x| / 127, q = x / d_b rounded to nearest (ties to even, as ggml's x86 kernels), so
+// |x - d_b q| <= d_b / 2 for every value; prepack keeps d_b in fp32 (ggml rounds it to fp16) and
+// also keeps each block's exact fp32 sum s_b. Weight blocks then dot in integers, exactly:
+//   Q8_0, Q4_0   d_w d_b (w . q)
+//   Q4_1         d_w d_b (n . q) + m_w s_b
+//   Q4_K         d sc_j d_b (n . q) - dmin m_j s_b        (32-value sub-block j)
+//   Q6_K         d_b (d sc_g (w . q) over its two 16-value groups g)
+// so a dot differs from the fp32 one by at most sum_b d_b / 2 sum_{i in b} |w_i - o_i| (o_i the
+// value's offset, Q4_1's m_w or Q4_K's -dmin m_j, which meets the exact sums; the bound the
+// tests check), plus fp32 rounding. Each row's result depends on that row alone (not on how
+// many rows multiply), so packing and batching keep every request equal to running it alone.
+
+/// Rows of activations quantized to 8 bits per 32-value block (see above).
+struct int8_rows {
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::int8_t> q;  // [rows][cols]
+  std::vector<float> d, s;     // [rows][cols / 32]  each block's scale and exact sum
+
+  std::size_t bytes() const noexcept { return q.size() + (d.size() + s.size()) * sizeof(float); }
+
+  /// Sized for m rows of k values, k a multiple of 32 (the buffers only grow); quantize_row
+  /// then fills each row. Cost: an allocation where the buffers grow.
+  void reset(std::int64_t m, std::int64_t k) {
+    rows = m;
+    cols = k;
+    const std::size_t n = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
+    if (q.size() < n) q.resize(n);
+    if (d.size() < n / 32) {
+      d.resize(n / 32);
+      s.resize(n / 32);
+    }
+  }
+  /// x[cols] quantized into row r (rows on any threads, each once). Non-finite values quantize
+  /// to +-127 (NaN to -127) rather than to undefined bytes. Cost: O(cols).
+  void quantize_row(std::int64_t r, const float* x) noexcept {
+    std::int8_t* qr = q.data() + r * cols;
+    float* dr = d.data() + r * (cols / 32);
+    float* sr = s.data() + r * (cols / 32);
+    for (std::int64_t b = 0; b < cols / 32; ++b) {
+      const float* v = x + b * 32;
+      float amax = 0.0f, sum = 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        amax = std::max(amax, std::abs(v[j]));
+        sum += v[j];
+      }
+      const float db = amax / 127.0f;
+      const float id = db > 0.0f ? 1.0f / db : 0.0f;
+      for (int j = 0; j < 32; ++j) {
+        const float t = v[j] * id;
+        qr[b * 32 + j] = static_cast<std::int8_t>(
+            t >= -127.0f && t <= 127.0f ? std::nearbyint(t) : (t > 0.0f ? 127.0f : -127.0f));
+      }
+      dr[b] = db;
+      sr[b] = sum;
+    }
+  }
+};
+
+/// Whether rows of `type` dot with 8-bit activations (int8_dot).
+constexpr bool int8_dot_type(checkpoint::ggml_type type) noexcept {
+  return type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
+         type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
+         type == checkpoint::ggml_type::q6_k;
+}
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define PREPACK_INT8_DOT 1
+// 8 int32 lanes, each the sum of 4 products of u (unsigned) and s (signed) bytes; exact for
+// |u| <= 128, |s| <= 127 (maddubs's int16 pairs stay within range).
+inline __m256i int8_dot_us(__m256i u, __m256i s) noexcept {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+inline float int8_sum(__m256 v) noexcept {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
+}
+inline float int8_fp16(const unsigned char* p) noexcept {
+  return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
+}
+#else
+#define PREPACK_INT8_DOT 0
+#endif
+
+// y[i] = row . a_i for the M activation rows a.q + i0 (int8_rows) and one row of `type`
+// (int8_dot_type; k a multiple of 32, of 256 for the K-quants). O(M k).
+template <int M>
+void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k,
+              const int8_rows& a, std::int64_t i0, float* y) noexcept {
+  using checkpoint::ggml_type;
+  const std::int64_t nb = k / 32;
+  const std::int8_t* aq[M];
+  const float* ad[M];
+  const float* as[M];
+  for (int i = 0; i < M; ++i) {
+    aq[i] = a.q.data() + (i0 + i) * a.cols;
+    ad[i] = a.d.data() + (i0 + i) * (a.cols / 32);
+    as[i] = a.s.data() + (i0 + i) * (a.cols / 32);
+  }
+  float tail[M];  // the scalar terms: Q4_1's and Q4_K's mins times the blocks' sums
+  for (int i = 0; i < M; ++i) tail[i] = 0.0f;
+#if PREPACK_INT8_DOT
+  __m256 acc[M][2];
+  for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const auto act = [&](int i, std::int64_t b) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(aq[i] + b * 32));
+  };
+  // 32 signed weight bytes w against each row's block b: d_w d_b (w . q) into accumulator U.
+  const auto signed_block = [&](__m256i w, std::int64_t b, float dw, auto u_acc) {
+    constexpr int U = decltype(u_acc)::value;
+    const __m256i aw = _mm256_sign_epi8(w, w);
+    for (int i = 0; i < M; ++i) {
+      const __m256i v = int8_dot_us(aw, _mm256_sign_epi8(act(i, b), w));
+      acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(dw * ad[i][b]), acc[i][U]);
+    }
+  };
+  // 32 unsigned weight bytes (nibbles) u: scale d_w d_b (u . q).
+  const auto unsigned_block = [&](__m256i u, std::int64_t b, float dw, auto u_acc) {
+    constexpr int U = decltype(u_acc)::value;
+    for (int i = 0; i < M; ++i) {
+      const __m256i v = int8_dot_us(u, act(i, b));
+      acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(dw * ad[i][b]), acc[i][U]);
+    }
+  };
+  using even = std::integral_constant<int, 0>;
+  using odd = std::integral_constant<int, 1>;
+  const auto nibbles = [&](const unsigned char* q16) {  // 16 bytes: low nibbles, then high
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q16));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_and_si256(both, low4);
+  };
+  switch (type) {
+    case ggml_type::q8_0:
+      for (std::int64_t b = 0; b < nb; ++b, p += 34) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
+        if (b & 1) {
+          signed_block(w, b, int8_fp16(p), odd{});
+        } else {
+          signed_block(w, b, int8_fp16(p), even{});
+        }
+      }
+      break;
+    case ggml_type::q4_0:
+      for (std::int64_t b = 0; b < nb; ++b, p += 18) {
+        const __m256i w = _mm256_sub_epi8(nibbles(p + 2), _mm256_set1_epi8(8));
+        if (b & 1) {
+          signed_block(w, b, int8_fp16(p), odd{});
+        } else {
+          signed_block(w, b, int8_fp16(p), even{});
+        }
+      }
+      break;
+    case ggml_type::q4_1:
+      for (std::int64_t b = 0; b < nb; ++b, p += 20) {
+        const float mw = int8_fp16(p + 2);
+        if (b & 1) {
+          unsigned_block(nibbles(p + 4), b, int8_fp16(p), odd{});
+        } else {
+          unsigned_block(nibbles(p + 4), b, int8_fp16(p), even{});
+        }
+        for (int i = 0; i < M; ++i) tail[i] = std::fma(mw, as[i][b], tail[i]);
+      }
+      break;
+    case ggml_type::q4_k:
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
+        const float d = int8_fp16(p), dmin = int8_fp16(p + 2);
+        float dsc[8], dmn[8];  // each sub-block's d sc_j and dmin m_j
+        for (int j = 0; j < 8; ++j) {
+          unsigned sc, mn;
+          checkpoint::detail::scale_min_k4(j, p + 4, sc, mn);
+          dsc[j] = d * static_cast<float>(sc);
+          dmn[j] = dmin * static_cast<float>(mn);
+        }
+        for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * c));
+          const std::int64_t b = sb * 8 + 2 * c;
+          unsigned_block(_mm256_and_si256(v, low4), b, dsc[2 * c], even{});
+          unsigned_block(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), b + 1, dsc[2 * c + 1],
+                         odd{});
+        }
+        // The mins against the blocks' exact sums, one rounding per term whatever M (a
+        // contracted or split a * b + c would differ between instantiations).
+        for (int i = 0; i < M; ++i) {
+          for (int j = 0; j < 8; ++j) tail[i] = std::fma(-dmn[j], as[i][sb * 8 + j], tail[i]);
+        }
+      }
+      break;
+    case ggml_type::q6_k: {
+      const __m256i three0 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
+        const float d = int8_fp16(p + 208);
+        const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192);
+        for (int half = 0; half < 2; ++half) {
+          const auto* ql = reinterpret_cast<const __m256i*>(p + 64 * half);
+          const __m256i lo = _mm256_loadu_si256(ql), hi = _mm256_loadu_si256(ql + 1);
+          const __m256i h =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * half));
+          const __m256i q6[4] = {
+              _mm256_or_si256(_mm256_and_si256(lo, low4),
+                              _mm256_and_si256(_mm256_slli_epi16(h, 4), three0)),
+              _mm256_or_si256(_mm256_and_si256(hi, low4),
+                              _mm256_and_si256(_mm256_slli_epi16(h, 2), three0)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo, 4), low4),
+                              _mm256_and_si256(h, three0)),
+              _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low4),
+                              _mm256_and_si256(_mm256_srli_epi16(h, 2), three0))};
+          const std::int8_t* sc = scales + 8 * half;
+          const auto quarter = [&](int qr, auto u_acc) {  // values [32 qr, 32 qr + 32)
+            constexpr int U = decltype(u_acc)::value;
+            const __m256i w = _mm256_sub_epi8(q6[qr], bias);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            const std::int64_t b = sb * 8 + half * 4 + qr;
+            const __m256 g = _mm256_set_m128(_mm_set1_ps(d * static_cast<float>(sc[2 * qr + 1])),
+                                             _mm_set1_ps(d * static_cast<float>(sc[2 * qr])));
+            for (int i = 0; i < M; ++i) {
+              const __m256i v = int8_dot_us(aw, _mm256_sign_epi8(act(i, b), w));
+              acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v),
+                                          _mm256_mul_ps(g, _mm256_set1_ps(ad[i][b])), acc[i][U]);
+            }
+          };
+          quarter(0, even{});
+          quarter(1, odd{});
+          quarter(2, even{});
+          quarter(3, odd{});
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  for (int i = 0; i < M; ++i) y[i] = int8_sum(_mm256_add_ps(acc[i][0], acc[i][1])) + tail[i];
+#else
+  // The same sums without vectors: each 32-value block's (or 16-value group's) integer dot,
+  // then its scale.
+  for (int i = 0; i < M; ++i) y[i] = 0.0f;
+  const auto dot = [&](int i, std::int64_t b, const int* w, int n, int from) {
+    int sum = 0;
+    for (int j = from; j < from + n; ++j) sum += w[j] * aq[i][b * 32 + j];
+    return static_cast<float>(sum);
+  };
+  int w[32];
+  const auto fp16 = checkpoint::detail::fp16;
+  switch (type) {
+    case ggml_type::q8_0:
+    case ggml_type::q4_0:
+    case ggml_type::q4_1: {
+      const std::int64_t bytes = type == ggml_type::q8_0 ? 34 : type == ggml_type::q4_0 ? 18 : 20;
+      for (std::int64_t b = 0; b < nb; ++b, p += bytes) {
+        if (type == ggml_type::q8_0) {
+          for (int j = 0; j < 32; ++j) w[j] = static_cast<std::int8_t>(p[2 + j]);
+        } else {
+          const unsigned char* qs = p + (type == ggml_type::q4_0 ? 2 : 4);
+          const int off = type == ggml_type::q4_0 ? 8 : 0;
+          for (int j = 0; j < 16; ++j) {
+            w[j] = (qs[j] & 0x0F) - off;
+            w[j + 16] = (qs[j] >> 4) - off;
+          }
+        }
+        for (int i = 0; i < M; ++i) {
+          y[i] += fp16(p) * ad[i][b] * dot(i, b, w, 32, 0);
+          if (type == ggml_type::q4_1) tail[i] += fp16(p + 2) * as[i][b];
+        }
+      }
+      break;
+    }
+    case ggml_type::q4_k:
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
+        const float d = fp16(p), dmin = fp16(p + 2);
+        for (int c = 0; c < 4; ++c) {
+          unsigned sc[2], mn[2];
+          checkpoint::detail::scale_min_k4(2 * c, p + 4, sc[0], mn[0]);
+          checkpoint::detail::scale_min_k4(2 * c + 1, p + 4, sc[1], mn[1]);
+          for (int hi = 0; hi < 2; ++hi) {
+            for (int j = 0; j < 32; ++j) w[j] = (p[16 + 32 * c + j] >> (4 * hi)) & 0x0F;
+            const std::int64_t b = sb * 8 + 2 * c + hi;
+            for (int i = 0; i < M; ++i) {
+              y[i] += d * static_cast<float>(sc[hi]) * ad[i][b] * dot(i, b, w, 32, 0);
+              tail[i] -= dmin * static_cast<float>(mn[hi]) * as[i][b];
+            }
+          }
+        }
+      }
+      break;
+    case ggml_type::q6_k:
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
+        const float d = fp16(p + 208);
+        for (int half = 0; half < 2; ++half) {
+          const unsigned char* ql = p + 64 * half;
+          const unsigned char* qh = p + 128 + 32 * half;
+          const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192 + 8 * half);
+          for (int qr = 0; qr < 4; ++qr) {
+            for (int l = 0; l < 32; ++l) {  // dequantize_row_q6_K's q1..q4
+              const int byte = qr % 2 == 0 ? ql[l] : ql[l + 32];
+              const int nib = qr < 2 ? byte & 0x0F : byte >> 4;
+              w[l] = (nib | (((qh[l] >> (2 * qr)) & 3) << 4)) - 32;
+            }
+            const std::int64_t b = sb * 8 + half * 4 + qr;
+            for (int i = 0; i < M; ++i) {
+              y[i] += ad[i][b] * (d * static_cast<float>(sc[2 * qr]) * dot(i, b, w, 16, 0) +
+                                  d * static_cast<float>(sc[2 * qr + 1]) * dot(i, b, w, 16, 16));
+            }
+          }
+        }
+      }
+      break;
+    default:
+      break;
+  }
+  for (int i = 0; i < M; ++i) y[i] += tail[i];
+#endif
+}
 
 /// Whether rows of `type` dot straight from their blocks on this build (fused_dot).
 constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {

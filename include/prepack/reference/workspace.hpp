@@ -111,11 +111,13 @@ class workspace {
   // Bytes of a pass's activations (RoPE table, and with bf16 weights the rounded activations,
   // included) and per-thread attention scratch, for projections of type `weights` laid out for
   // `layout`, multiplied on `backend`, or held quantized (`quantized`: their scaled inputs and
-  // decoded panels).
+  // decoded panels; with `int8` activations also their 8-bit copies, a byte and two block
+  // floats per value of the widest input).
   std::pair<std::size_t, std::size_t> bytes(const config& c, std::size_t n, std::size_t n_out,
                                             std::int64_t max_pos, int n_threads,
                                             weight_type weights, gemm_backend backend,
-                                            gemm_backend layout, bool quantized = false) {
+                                            gemm_backend layout, bool quantized = false,
+                                            bool int8 = false) {
     using prepack::detail::add;
     using prepack::detail::mul;
     std::size_t act = 0;
@@ -134,6 +136,12 @@ class workspace {
                 mul(mul(n, static_cast<std::size_t>(c.hidden), "scaled activations"), sizeof(float),
                     "scaled activations"),
                 "activations");
+      if (int8) {
+        const std::size_t k = static_cast<std::size_t>(std::max({c.hidden, c.q_dim(), c.ffn}));
+        const std::size_t values = mul(n, k, "int8 activations");  // k: whole 32-value blocks
+        act = add(act, add(values, values / 32 * 2 * sizeof(float), "int8 activations"),
+                  "activations");
+      }
     } else if (weights == weight_type::bf16) {
       // Native: the activations as bf16. Emulated: rounded, as fp32.
       act = add(act,
