@@ -15,7 +15,9 @@
 //                                      sequences, against the weight-streaming bound (weight
 //                                      bytes over the read bandwidth measured here)
 //   quantized/<form>/...               with --model=PATH (a quantized GGUF): the checkpoint's
-//                                      projections held as stored against dequantized to fp32
+//                                      projections held as stored (fp32 activations, and
+//                                      held-int8: 8-bit activations, with the drift of its
+//                                      logits from the fp32 ones) against dequantized to fp32
 //                                      (the demo's --widen): resident weight bytes, prefill
 //                                      tokens/s (8 prompts x 128 tokens, prepacked, one pass)
 //                                      and decode steps at 1, 8 and 32 sequences against each
@@ -168,8 +170,9 @@ struct decode_row {
 };
 std::vector<decode_row> g_decode;
 struct quant_row {
-  std::string form;  // "held" or "widened"
+  std::string form;  // "held", "held-int8" or "widened"
   double weight_mb = 0, prefill_tps = 0, bandwidth = 0;
+  double logit_drift = -1;  // held-int8: max |logits - held fp32 logits| / max |logit|
   std::map<std::size_t, double> step_ms;  // by sequences
 };
 std::map<std::string, quant_row> g_quant;
@@ -373,13 +376,15 @@ void register_decode() {
 void register_quantized() {
 #ifdef PREPACK_BENCH_CHECKPOINTS
   if (g_opt.model_path.empty()) return;
-  for (const bool held : {true, false}) {
-    const std::string form = held ? "held" : "widened";
+  for (const std::string form : {"held", "held-int8", "widened"}) {
     benchmark::RegisterBenchmark(
         ("quantized/" + form).c_str(),
         [=](benchmark::State& state) {
+          const bool held = form != "widened", int8 = form == "held-int8";
           const auto ck = prepack::checkpoint::open(g_opt.model_path, {held});
-          const ref::model m(ck.info.cfg, *ck.weights);
+          ref::model_options mo;
+          if (int8) mo.activations = ref::activation_type::int8;
+          const ref::model m(ck.info.cfg, *ck.weights, mo);
           quant_row& row = g_quant[form];
           row.form = form;
           row.bandwidth = machine::read_bandwidth_gbs(ref::threads_for(0));
@@ -400,6 +405,13 @@ void register_quantized() {
             state.SetIterationTime(best);
           }
           row.prefill_tps = 8 * 128 / best;
+          if (int8) {  // what 8-bit activations change: the prefill's logits against fp32 ones
+            const auto ck32 = prepack::checkpoint::open(g_opt.model_path, {true});
+            const ref::model exact(ck32.info.cfg, *ck32.weights);
+            const ref::matrix a = m.prefill(l).logits, b = exact.prefill(l).logits;
+            row.logit_drift = (a - b).cwiseAbs().maxCoeff() / b.cwiseAbs().maxCoeff();
+            state.counters["logit_drift"] = row.logit_drift;
+          }
           for (std::size_t seqs : {std::size_t{1}, std::size_t{8}, std::size_t{32}}) {
             row.step_ms[seqs] = 1000 * best_decode_step(m, seqs, 16);
             state.counters["decode" + std::to_string(seqs) + "_ms"] = row.step_ms[seqs];
@@ -562,14 +574,23 @@ void write_report() {
        << " GB/s read bandwidth measured here (an upper bound on the bytes: an untied "
           "embedding table is read a row a token).\n\n"
        << "| form | weights MB | prefill tokens/s (8 x 128) | decode ms, 1 seq | 8 seqs | 32 seqs "
-          "| tokens/s at 1 seq | streaming bound ms | 1 seq / bound |\n"
-          "|---|---|---|---|---|---|---|---|---|\n";
-    for (const quant_row* r : {&h, &w}) {
+          "| tokens/s at 1 seq | streaming bound ms | 1 seq / bound | logits against fp32 "
+          "activations |\n"
+          "|---|---|---|---|---|---|---|---|---|---|\n";
+    std::vector<const quant_row*> rows{&h};
+    if (g_quant.count("held-int8")) rows.push_back(&g_quant["held-int8"]);
+    rows.push_back(&w);
+    for (const quant_row* r : rows) {
       const double bound_ms = r->weight_mb / r->bandwidth;  // MB / (GB/s) = ms
-      std::snprintf(
-          buf, sizeof buf, "| %s | %.1f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2fx |\n",
-          r->form.c_str(), r->weight_mb, r->prefill_tps, r->step_ms.at(1), r->step_ms.at(8),
-          r->step_ms.at(32), 1000.0 / r->step_ms.at(1), bound_ms, r->step_ms.at(1) / bound_ms);
+      char drift[64] = "exact (fp32 products)";
+      if (r->logit_drift >= 0) {
+        std::snprintf(drift, sizeof drift, "max diff %.2e of max |logit|", r->logit_drift);
+      }
+      std::snprintf(buf, sizeof buf,
+                    "| %s | %.1f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2fx | %s |\n",
+                    r->form.c_str(), r->weight_mb, r->prefill_tps, r->step_ms.at(1),
+                    r->step_ms.at(8), r->step_ms.at(32), 1000.0 / r->step_ms.at(1), bound_ms,
+                    r->step_ms.at(1) / bound_ms, drift);
       md << buf;
     }
     std::snprintf(buf, sizeof buf,

@@ -300,12 +300,18 @@ workload load_workload(const flags& f, const options& o) {
 // prompts, and the larger of the two prefills with its layout arrays and the caches.
 void admit(const options& o, const workload& w, const prepack::pack_plan<int>& plan) {
   const ref::config& c = o.model.cfg;
+  bool held = false;  // quantized projections held as stored: their scaled inputs, int8 copies
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  held = o.model.hold_quantized && o.model.info && o.model.info->quantized_projection_params > 0;
+#endif
+  const bool int8 = held && o.model.options.activations == ref::activation_type::int8;
   const auto need = [&](std::size_t rows, std::size_t width, ref::attention p) {
-    return static_cast<double>(ref::estimate_prefill_memory(
-                                   c, rows, width, w.lengths.size(),
-                                   static_cast<std::size_t>(w.longest()), p, o.model.threads,
-                                   o.model.options.weights, o.model.backend, o.model.options.layout)
-                                   .peak_bytes) +
+    return static_cast<double>(
+               ref::estimate_prefill_memory(c, rows, width, w.lengths.size(),
+                                            static_cast<std::size_t>(w.longest()), p,
+                                            o.model.threads, o.model.options.weights,
+                                            o.model.backend, o.model.options.layout, held, int8)
+                   .peak_bytes) +
            3.0 * static_cast<double>(rows * width * sizeof(int));
   };
   const double caches =

@@ -840,6 +840,7 @@ class linear {
     detail::int8_rows& q = scratch.int8;
     q.reset(m, k);
     const int threads = threads_for(0);
+    (void)threads;  // read only by the OpenMP pragmas
     PREPACK_OMP(parallel for schedule(static) num_threads(threads) if(m > 1))
     for (Eigen::Index r = 0; r < m; ++r) q.quantize_row(r, x + r * ldx);
     constexpr Eigen::Index tile = 64, chunk = 16;
