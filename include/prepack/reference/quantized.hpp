@@ -377,6 +377,23 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
   }
   float tail[M];  // the scalar terms: Q4_1's and Q4_K's mins times the blocks' sums
   for (int i = 0; i < M; ++i) tail[i] = 0.0f;
+  // Each sub-block's d sc_j and dmin m_j of a Q4_K block at q.
+  const auto q4k_scales = [](const unsigned char* q, float d, float dmin, float(&dsc)[8],
+                             float(&dmn)[8]) {
+    for (int j = 0; j < 8; ++j) {
+      unsigned sc, mn;
+      checkpoint::detail::scale_min_k4(j, q + 4, sc, mn);
+      dsc[j] = d * static_cast<float>(sc);
+      dmn[j] = dmin * static_cast<float>(mn);
+    }
+  };
+  // The mins against the blocks' exact sums, one rounding per term whatever M (a contracted or
+  // split a * b + c would differ between instantiations).
+  const auto q4k_mins = [&](std::int64_t sb, const float(&dmn)[8]) {
+    for (int i = 0; i < M; ++i) {
+      for (int j = 0; j < 8; ++j) tail[i] = std::fma(-dmn[j], as[i][sb * 8 + j], tail[i]);
+    }
+  };
 #if PREPACK_INT8_DOT
   __m256 acc[M][2];
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
@@ -442,14 +459,8 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       break;
     case ggml_type::q4_k:
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
-        const float d = int8_fp16(p), dmin = int8_fp16(p + 2);
-        float dsc[8], dmn[8];  // each sub-block's d sc_j and dmin m_j
-        for (int j = 0; j < 8; ++j) {
-          unsigned sc, mn;
-          checkpoint::detail::scale_min_k4(j, p + 4, sc, mn);
-          dsc[j] = d * static_cast<float>(sc);
-          dmn[j] = dmin * static_cast<float>(mn);
-        }
+        float dsc[8], dmn[8];
+        q4k_scales(p, int8_fp16(p), int8_fp16(p + 2), dsc, dmn);
         for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * c));
           const std::int64_t b = sb * 8 + 2 * c;
@@ -457,11 +468,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
           unsigned_block(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), b + 1, dsc[2 * c + 1],
                          odd{});
         }
-        // The mins against the blocks' exact sums, one rounding per term whatever M (a
-        // contracted or split a * b + c would differ between instantiations).
-        for (int i = 0; i < M; ++i) {
-          for (int j = 0; j < 8; ++j) tail[i] = std::fma(-dmn[j], as[i][sb * 8 + j], tail[i]);
-        }
+        q4k_mins(sb, dmn);
       }
       break;
     case ggml_type::q6_k: {
@@ -545,20 +552,16 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
     }
     case ggml_type::q4_k:
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
-        const float d = fp16(p), dmin = fp16(p + 2);
+        float dsc[8], dmn[8];
+        q4k_scales(p, fp16(p), fp16(p + 2), dsc, dmn);
         for (int c = 0; c < 4; ++c) {
-          unsigned sc[2], mn[2];
-          checkpoint::detail::scale_min_k4(2 * c, p + 4, sc[0], mn[0]);
-          checkpoint::detail::scale_min_k4(2 * c + 1, p + 4, sc[1], mn[1]);
           for (int hi = 0; hi < 2; ++hi) {
             for (int j = 0; j < 32; ++j) w[j] = (p[16 + 32 * c + j] >> (4 * hi)) & 0x0F;
             const std::int64_t b = sb * 8 + 2 * c + hi;
-            for (int i = 0; i < M; ++i) {
-              y[i] += d * static_cast<float>(sc[hi]) * ad[i][b] * dot(i, b, w, 32, 0);
-              tail[i] -= dmin * static_cast<float>(mn[hi]) * as[i][b];
-            }
+            for (int i = 0; i < M; ++i) y[i] += dsc[2 * c + hi] * ad[i][b] * dot(i, b, w, 32, 0);
           }
         }
+        q4k_mins(sb, dmn);
       }
       break;
     case ggml_type::q6_k:
