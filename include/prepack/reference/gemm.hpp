@@ -739,10 +739,10 @@ class linear {
     }
     if (quantized() && m <= dot_rows) {
       // Decode (a few sequences): rows of the types that dot straight from their blocks
-      // (Q8_0, Q4_0, Q4_K, Q6_K on AVX2 / AVX-512 builds) are read once and never widened when up
-      // to fused_rows activation rows multiply; the others are decoded four rows at a time into the
-      // thread's cache-resident rows and dotted with every activation row, dot_mr rows at a
-      // time in registers. Nothing is written to a panel and read back, or packed for a GEMM.
+      // (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on AVX2 / AVX-512 builds) are read once and never widened
+      // when up to fused_rows activation rows multiply; the others are decoded four rows at a time
+      // into the thread's cache-resident rows and dotted with every activation row, dot_mr rows at
+      // a time in registers. Nothing is written to a panel and read back, or packed for a GEMM.
       const bool fuse = m <= fused_rows;
       PREPACK_OMP(parallel for schedule(static) num_threads(threads))
       for (Eigen::Index p = 0; p < panels; ++p) {

@@ -31,11 +31,12 @@ namespace reference {
 namespace detail {
 
 // Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
-// of Q8_0 or Q4_0 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values widened
-// to fp32 in registers and multiplied with the fp32 activations, never written out as fp32
+// of Q8_0, Q4_0 or Q4_1 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values
+// widened to fp32 in registers and multiplied with the fp32 activations, never written out as fp32
 // weights; Q6_K's 16-value groups are widened to their decoded values d sc (q - 32) in registers.
 // The weight is ggml's value exactly; only the order of the fp32 roundings differs from decoding
-// first (d applied to a block's sum rather than to each value). Each accumulator is named at
+// first (d applied to a block's sum rather than to each value; Q4_1's m and Q4_K's mins to the
+// activations' block sums). Each accumulator is named at
 // compile time (a register, not a stack slot indexed at run time) and summed as a tree. Built
 // where the compiler targets AVX-512 or AVX2 with FMA and F16C; elsewhere rows are decoded,
 // then dotted.
@@ -230,6 +231,23 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
       acc[i][0] = fused_add(acc[i][0], mins[i][0]);
       acc[i][1] = fused_add(acc[i][1], mins[i][1]);
     }
+  } else if (type == checkpoint::ggml_type::q4_1) {
+    // 32 values: d, m, 16 bytes (low nibbles j < 16, high ones j >= 16): d (q . a) + m (sum a),
+    // into two accumulators each.
+    fused_vec mins[M];
+    for (int i = 0; i < M; ++i) mins[i] = fused_zero();
+    for (std::int64_t b = 0; b < k / 32; ++b, p += 20) {
+      const fused_vec d = fused_set1(fp16_scale(p)), m = fused_set1(fp16_scale(p + 2));
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
+      fused_vec q[fused_per];
+      fused_widen32(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask), q);
+      for (int i = 0; i < M; ++i) {
+        const float* x = a + i * lda + b * 32;
+        acc[i][0] = fused_fma(fused_dot32(q, x), d, acc[i][0]);
+        mins[i] = fused_fma(fused_sum32(x), m, mins[i]);
+      }
+    }
+    for (int i = 0; i < M; ++i) acc[i][1] = mins[i];
   } else {
     const bool q8 = type == checkpoint::ggml_type::q8_0;
     const std::int64_t block_bytes = q8 ? 34 : 18;
@@ -597,7 +615,8 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
 constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
   return PREPACK_FUSED_DOT &&
          (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
-          type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q6_k);
+          type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
+          type == checkpoint::ggml_type::q6_k);
 }
 
 }  // namespace detail
