@@ -552,7 +552,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       const std::int64_t bytes = type == ggml_type::q8_0 ? 34 : type == ggml_type::q4_0 ? 18 : 20;
       for (std::int64_t b = 0; b < nb; ++b, p += bytes) {
         if (type == ggml_type::q8_0) {
-          for (int j = 0; j < 32; ++j) w[j] = static_cast<std::int8_t>(p[2 + j]);
+          for (int j = 0; j < 32; ++j) w[j] = p[2 + j] < 128 ? p[2 + j] : p[2 + j] - 256;
         } else {
           const unsigned char* qs = p + (type == ggml_type::q4_0 ? 2 : 4);
           const int off = type == ggml_type::q4_0 ? 8 : 0;
@@ -575,7 +575,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         for (int c = 0; c < 4; ++c) {
           for (int hi = 0; hi < 2; ++hi) {
             for (int j = 0; j < 32; ++j) w[j] = (p[16 + 32 * c + j] >> (4 * hi)) & 0x0F;
-            const std::int64_t b = sb * 8 + 2 * c + hi;
+            const std::int64_t b = sb * 8 + std::int64_t{2} * c + hi;
             for (int i = 0; i < M; ++i) y[i] += dsc[2 * c + hi] * ad[i][b] * dot(i, b, w, 32, 0);
           }
         }
@@ -585,15 +585,15 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
     case ggml_type::q6_k:
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
         const float d = fp16(p + 208);
-        for (int half = 0; half < 2; ++half) {
+        for (std::ptrdiff_t half = 0; half < 2; ++half) {
           const unsigned char* ql = p + 64 * half;
           const unsigned char* qh = p + 128 + 32 * half;
           const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192 + 8 * half);
-          for (int qr = 0; qr < 4; ++qr) {
+          for (std::ptrdiff_t qr = 0; qr < 4; ++qr) {
             for (int l = 0; l < 32; ++l) {  // dequantize_row_q6_K's q1..q4
               const int byte = qr % 2 == 0 ? ql[l] : ql[l + 32];
               const int nib = qr < 2 ? byte & 0x0F : byte >> 4;
-              w[l] = (nib | (((qh[l] >> (2 * qr)) & 3) << 4)) - 32;
+              w[l] = (nib | (((qh[l] >> (2 * static_cast<int>(qr))) & 3) << 4)) - 32;
             }
             const std::int64_t b = sb * 8 + half * 4 + qr;
             for (int i = 0; i < M; ++i) {
