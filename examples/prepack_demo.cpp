@@ -478,6 +478,7 @@ outcomes run_methods(const ref::model& m, const options& o, const workload& w,
 // accumulation-order difference that flips a rounding moves a result by bf16's step).
 struct tolerance {
   float kv = 1e-3f, logits = 1e-3f;
+  bool int8 = false;  // the model dots 8-bit activations (the bound is theirs)
 };
 
 // Each method against prefilling every prompt alone: the caches, the logits, and the greedy
@@ -489,14 +490,20 @@ ref::decode_result verify(const ref::model& m, const options& o, const workload&
   auto [alone, alone_logits] =
       ref::prefill_alone(m, w.prompts, static_cast<std::size_t>(o.new_tokens),
                          {ref::attention::segment, o.model.threads, o.model.backend});
-  if (o.model.options.weights == ref::weight_type::bf16) {
+  // bf16 weights round the activations to bf16, and 8-bit activations round them to a step
+  // of their block: sums ordered otherwise (a padded row, a dense mask) can land a value on the
+  // other side of a rounding, so the methods agree within a share of the values' scale.
+  tol.int8 = m.int8_activations();
+  const bool rounded = o.model.options.weights == ref::weight_type::bf16 || tol.int8;
+  if (rounded) {
+    const float share = tol.int8 ? 5e-2f : 5e-3f;
     float kv_scale = 0;
     const auto kv = alone.pool.key_view(), vv = alone.pool.value_view();
     for (std::size_t e = 0; e < kv.extent[0] * kv.stride[0]; ++e) {
       kv_scale = std::max({kv_scale, std::abs(kv.data[e]), std::abs(vv.data[e])});
     }
-    tol.kv = 5e-3f * std::max(1.0f, kv_scale);
-    tol.logits = 5e-3f * std::max(1.0f, alone_logits.cwiseAbs().maxCoeff());
+    tol.kv = share * std::max(1.0f, kv_scale);
+    tol.logits = share * std::max(1.0f, alone_logits.cwiseAbs().maxCoeff());
   }
   for (outcome* x : r.all()) {
     x->max_kv = ref::max_abs_diff(alone, x->cache);
@@ -513,9 +520,10 @@ ref::decode_result verify(const ref::model& m, const options& o, const workload&
           static_cast<std::size_t>(std::mismatch(a.begin(), a.end(), b.begin()).first - a.begin());
       if (k == a.size()) continue;
       // Parting on a near-tie (alone's winner led by less than the logits' bound) is what bf16
-      // rounding may do; anywhere else it is a difference. fp32's bound is 0: none allowed.
+      // or int8 rounding may do; anywhere else it is a difference. fp32's bound is 0: none
+      // allowed.
       const float margin = want.margins[i][k];
-      const bool tie = o.model.options.weights == ref::weight_type::bf16 && margin <= tol.logits;
+      const bool tie = rounded && margin <= tol.logits;
       x->tokens_match = tie;
       if (tie && x->near_tie.empty()) {
         char buf[160];
@@ -680,6 +688,12 @@ void report_text(const options& o, const workload& w, const plan_facts& f, outco
         "\nmax |difference| from prefilling each prompt alone (bf16 bound: KV %.2g, "
         "logits %.2g, 0.5%% of their scale):\n",
         static_cast<double>(tol.kv), static_cast<double>(tol.logits));
+  } else if (tol.int8) {
+    std::printf(
+        "\nmax |difference| from prefilling each prompt alone (8-bit activations: KV %.2g, "
+        "logits %.2g, 5%% of their scale, bound the prepack methods; padding reorders each "
+        "prompt's sums, so its roundings and then its values may drift further):\n",
+        static_cast<double>(tol.kv), static_cast<double>(tol.logits));
   } else {
     std::printf("\nmax |difference| from prefilling each prompt alone:\n");
   }
@@ -725,7 +739,7 @@ void report_text(const options& o, const workload& w, const plan_facts& f, outco
   for (const outcome* x : all) ties = ties || !x->near_tie.empty();
   std::printf("greedy tokens of all %zu prompts: %s%s\n", w.lengths.size(),
               match ? ("identical across " + names).c_str() : "DIFFER",
-              match && ties ? ", apart from near-ties bf16 rounding may flip:" : "");
+              match && ties ? ", apart from near-ties rounding (bf16, int8) may flip:" : "");
   for (const outcome* x : all) {
     if (!x->near_tie.empty()) std::printf("  %s: %s\n", x->name.c_str(), x->near_tie.c_str());
   }
@@ -784,8 +798,14 @@ int demo(int argc, char** argv) {
   const ref::decode_result alone = verify(m, o, w, r, tol);
   if (!o.logits_file.empty()) write_logits(o.logits_file, r.prepacked.logits);
 
+  // With 8-bit activations the padded baseline orders each prompt's attention sums unlike the
+  // prompt alone (pads shift its key tiles), so some activation rounds to the other step and the
+  // difference grows layer by layer: it is reported, not held to the bound. The prepack
+  // methods keep each prompt's own order and must agree.
   bool agree = true;
-  for (const outcome* x : r.all()) agree = agree && agrees(*x, tol);
+  for (const outcome* x : r.all()) {
+    agree = agree && (agrees(*x, tol) || (tol.int8 && x == &r.padded));
+  }
   if (o.json) {
     std::cout << report_json(o, w, facts, r, alone, tol)
                      .dump(-1, ' ', false, json::error_handler_t::replace)
