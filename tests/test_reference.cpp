@@ -714,7 +714,6 @@ TEST(Reference, Int8ActivationsDotWithinTheirBound) {
   std::fill(a.begin() + 64, a.begin() + 96, 0.0f);  // an all-zero block (d_b = 0)
   // Row 0 alone, the reference bits for every batch size.
   std::vector<float> alone(static_cast<std::size_t>(n));
-  std::vector<float> y;
 #ifdef _OPENMP
   const int saved = omp_get_max_threads();
 #endif
