@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
@@ -118,6 +120,9 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
       const ref::model m =
           trial % 2 ? test::held_model(c, seed, trial % 4 == 3) : ref::model(c, seed);
       int8_layers += m.int8_layers().first;
+      // With 8-bit activations the dense path's attention sums (over key tiles that start where
+      // the packed row does) can move an activation across a rounding step: test::slack_for.
+      const test::slack sl = test::slack_for(m);
       const auto prompts = random_prompts(rng, random_prompt_lengths(rng, trial), c.vocab);
       const auto len = lengths_of(prompts);
       const int new_tokens = 8;
@@ -145,10 +150,10 @@ TEST(Reference, PackedAndPaddedPrefillEqualPrefillingEachPromptAlone) {
         const diff d = compare(fresh, fresh_logits, caches, r.logits);
         worst[mi].kv = std::max(worst[mi].kv, d.kv);
         worst[mi].logits = std::max(worst[mi].logits, d.logits);
-        ASSERT_LE(d.kv, kTolerance) << me.name << " trial " << trial;
-        ASSERT_LE(d.logits, kTolerance) << me.name << " trial " << trial;
+        ASSERT_LE(d.kv, std::max(kTolerance, sl.kv)) << me.name << " trial " << trial;
+        ASSERT_LE(d.logits, std::max(kTolerance, sl.logits)) << me.name << " trial " << trial;
         const auto got = ref::greedy_decode(m, caches, r.logits, new_tokens, {0, be});
-        expect_same_tokens(want, got, me.name);
+        expect_same_tokens(want, got, me.name, sl.tie);
       }
     }
     for (std::size_t mi = 0; mi < std::size(kMethods); ++mi) {
@@ -455,6 +460,91 @@ TEST(Reference, DenseAndSegmentPathsAgreeAndThreadCountDoesNotMatter) {
   EXPECT_LE(dl, kTolerance);
   EXPECT_EQ(a.profile.n_threads, 1);
   EXPECT_EQ(b.profile.n_threads, 2);
+}
+
+// A row's norm scale and SwiGLU are one function of its values, wherever the row lies: the same
+// token sits at other addresses in another row of a pass, or after the workspace grew, and must
+// give the same bits there. Each is also checked against the same computation in double.
+TEST(Reference, RowOperationsGiveOneResultWhereverTheRowLies) {
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> value(0.0f, 3.0f);
+  const float eps = 1e-5f;
+  for (std::size_t n : {1, 5, 16, 37, 100, 576}) {
+    std::vector<float> x(n), u(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = value(rng), u[i] = value(rng);
+    double squares = 0;
+    for (float v : x) squares += static_cast<double>(v) * v;
+    const double scale = 1.0 / std::sqrt(squares / static_cast<double>(n) + eps);
+    // A buffer's base is 4-byte aligned at least: 16 offsets of a float meet every position a
+    // 64-byte vector register can start at.
+    std::vector<float> buf(2 * n + 16), first_g;
+    float first_s = 0;
+    for (std::size_t off = 0; off < 16; ++off) {
+      float* g = buf.data() + off;
+      std::copy(x.begin(), x.end(), g);
+      std::copy(u.begin(), u.end(), g + n);
+      const float s = ref::detail::rms_scale(g, n, eps);
+      ref::detail::swiglu(g, g + n, s, n);
+      if (off == 0) {
+        EXPECT_NEAR(s, scale, 1e-6 * scale) << "n " << n;
+        for (std::size_t i = 0; i < n; ++i) {
+          const double a = static_cast<double>(x[i]) * s, b = static_cast<double>(u[i]) * s;
+          const double want = a / (1.0 + std::exp(-a)) * b;
+          EXPECT_NEAR(g[i], want, 1e-5 * std::max(1.0, std::abs(want))) << "n " << n << " i " << i;
+        }
+        first_s = s;
+        first_g.assign(g, g + n);
+        continue;
+      }
+      ASSERT_EQ(s, first_s) << "n " << n << ": the norm scale moved with the row's offset " << off;
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(g[i], first_g[i])
+            << "n " << n << " value " << i << ": SwiGLU moved with offset " << off;
+      }
+    }
+  }
+}
+
+// A model keeps its workspace between passes, and its buffers grow and move: a pass gives the
+// same bits after a larger one as it did first, and as a copy of the model (a workspace of its
+// own) gives. fp32 and held quantized weights, the latter with 8-bit activations too (a last-bit
+// change there can move an activation across a rounding step and part the greedy tokens).
+TEST(Reference, APassGivesTheSameBitsAfterLargerPasses) {
+  std::mt19937_64 rng(21);
+  for (int kind = 0; kind < 3; ++kind) {
+    ref::config c = random_config(rng);
+    if (kind == 2) c = test::whole_blocks(c);
+    const std::uint64_t seed = rng();
+    const ref::model m = kind == 0 ? ref::model(c, seed) : test::held_model(c, seed, kind == 2);
+    const auto prompts = random_prompts(rng, {3, 17, 40, 9}, c.vocab);
+    const int new_tokens = 6;
+    const ref::prefill_options o{ref::attention::segment, 1};
+    const auto run = [&](const ref::model& on) {
+      auto [cache, logits] = ref::prefill_alone(on, prompts, new_tokens, o);
+      auto d = ref::greedy_decode(on, cache, logits, new_tokens, {1});
+      return std::make_tuple(std::move(cache), std::move(logits), std::move(d));
+    };
+    const auto [cache0, logits0, tokens0] = run(m);
+    // Grow every buffer: a dense pass of 8 prompts of 300 tokens.
+    const std::vector<std::vector<int>> big(8, std::vector<int>(300, 1));
+    const auto l =
+        prepack::make_layout(prepack::first_fit_decreasing(lengths_of(big)), big, {c.pad_id, 0});
+    (void)m.prefill(l, {ref::attention::dense, 2});
+    const auto [cache1, logits1, tokens1] = run(m);
+    const ref::model copy = m;
+    const auto [cache2, logits2, tokens2] = run(copy);
+    const diff after = compare(cache0, logits0, cache1, logits1);
+    const diff copied = compare(cache0, logits0, cache2, logits2);
+    EXPECT_EQ(after.kv, 0.0) << "kind " << kind;
+    EXPECT_EQ(after.logits, 0.0) << "kind " << kind;
+    EXPECT_EQ(copied.kv, 0.0) << "kind " << kind;
+    EXPECT_EQ(copied.logits, 0.0) << "kind " << kind;
+    EXPECT_EQ(tokens0.tokens, tokens1.tokens) << "kind " << kind;
+    EXPECT_EQ(tokens0.tokens, tokens2.tokens) << "kind " << kind;
+    if (kind == 2) {
+      EXPECT_TRUE(m.int8_activations());
+    }
+  }
 }
 
 TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -17,11 +18,33 @@ PREPACK_NAMESPACE_BEGIN
 namespace reference {
 namespace detail {
 
+// The lanes the row operations below work in: whole registers of one fixed width, so a value's
+// arithmetic never depends on where its row lies in memory. Eigen's loops over a map of unknown
+// alignment start their vector packets at the first aligned address and do the elements before
+// it one at a time: a sum then adds in an order set by the address, and exp() of a head element
+// takes the scalar function rather than the vector one, so the same token would give other last
+// bits in another row of a pass, or after the buffers grew.
+using row_lanes = Eigen::Array<float, 16, 1>;
+
 // 1 / sqrt(mean(x^2) + eps) of one token's n features: RMSNorm's scale. The norm's weight is
-// folded into the next projection's rows, so normalising a token is this one scalar.
+// folded into the next projection's rows, so normalising a token is this one scalar. Squares
+// are summed lane-wise over whole 16-value chunks (two running sums, then added), the rest in
+// order, then the lanes: one order for a row wherever it is.
 inline float rms_scale(const float* x, std::size_t n, float eps) {
-  const Eigen::Map<const Eigen::ArrayXf> a(x, static_cast<Eigen::Index>(n));
-  return 1.0f / std::sqrt(a.square().sum() / static_cast<float>(n) + eps);
+  row_lanes acc = row_lanes::Zero(), acc2 = row_lanes::Zero();
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {  // two chains, as Eigen's own reduction runs
+    acc += Eigen::Map<const row_lanes>(x + i).square();
+    acc2 += Eigen::Map<const row_lanes>(x + i + 16).square();
+  }
+  if (i + 16 <= n) {
+    acc += Eigen::Map<const row_lanes>(x + i).square();
+    i += 16;
+  }
+  acc += acc2;
+  float rest = 0.0f;
+  for (; i < n; ++i) rest += x[i] * x[i];
+  return 1.0f / std::sqrt((acc.sum() + rest) / static_cast<float>(n) + eps);
 }
 
 // cos/sin of every (position, frequency) pair a batch needs, rotate-half convention.
@@ -71,11 +94,26 @@ inline void rope(float* x, const rope_table& r, std::int64_t pos) {
 }
 
 // g <- silu(g * s) * (u * s) over n features: SwiGLU of a token whose gate and up projections
-// were computed from the un-normalised input (s, its RMSNorm scale, applied here).
+// were computed from the un-normalised input (s, its RMSNorm scale, applied here). Every value
+// goes through the vector exp, 16 at a time in aligned lanes (the last chunk zero-padded).
 inline void swiglu(float* g, const float* u, float s, std::size_t n) {
-  Eigen::Map<Eigen::ArrayXf> a(g, static_cast<Eigen::Index>(n));
-  const Eigen::Map<const Eigen::ArrayXf> b(u, static_cast<Eigen::Index>(n));
-  a = (a * s) / (1.0f + (-(a * s)).exp()) * (b * s);
+  row_lanes a, b;
+  const auto f = [&] { a = (a * s) / (1.0f + (-(a * s)).exp()) * (b * s); };
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    a = Eigen::Map<const row_lanes>(g + i);
+    b = Eigen::Map<const row_lanes>(u + i);
+    f();
+    Eigen::Map<row_lanes>(g + i) = a;
+  }
+  if (i < n) {
+    a.setZero();
+    b.setZero();
+    std::copy(g + i, g + n, a.data());
+    std::copy(u + i, u + n, b.data());
+    f();
+    std::copy(a.data(), a.data() + (n - i), g + i);
+  }
 }
 
 // Index of the largest logit (the lowest index on ties) and its margin over the runner-up.
