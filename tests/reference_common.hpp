@@ -8,9 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <random>
 #include <string>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "common.hpp"
 #include "prepack/reference.hpp"
@@ -32,6 +36,24 @@ struct naive_result {
   std::vector<std::vector<double>> k, v;  // [layer][position * kv_dim + head * head_dim + d]
   std::vector<double> logits;             // [vocab]
 };
+
+// Runs f(threads) with OpenMP's thread count set to each of `counts` in turn, and gives the
+// caller's count back afterwards (also when an assertion in f returns early).
+template <class F>
+void for_threads(std::initializer_list<int> counts, F&& f) {
+#ifdef _OPENMP
+  struct restore {
+    int n;
+    ~restore() { omp_set_num_threads(n); }
+  } keep{omp_get_max_threads()};
+#endif
+  for (const int threads : counts) {
+#ifdef _OPENMP
+    omp_set_num_threads(threads);
+#endif
+    f(threads);
+  }
+}
 
 inline std::vector<double> naive_norm(const std::vector<double>& x, const ref::vector& w,
                                       double eps) {

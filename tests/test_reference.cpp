@@ -15,10 +15,6 @@
 #include <utility>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "held_weights.hpp"
 #include "reference_common.hpp"
 
@@ -357,18 +353,11 @@ TEST(Reference, LinearOnEveryLayoutAndBackendEqualsTheProduct) {
         const Eigen::MatrixXd magnitude = ad.cwiseAbs() * wd.cwiseAbs();
         for (const ref::linear& L : layers) {
           for (ref::gemm_backend be : backends()) {
-            for (const int threads : {1, 2, 3}) {
+            test::for_threads({1, 2, 3}, [&](int threads) {
               for (const bool accumulate : {false, true}) {
                 ref::matrix c = c0;
                 ref::gemm_scratch scratch;
-#ifdef _OPENMP
-                const int saved = omp_get_max_threads();
-                omp_set_num_threads(threads);
-#endif
                 L.apply(be, m, a.data(), a.cols(), c.data(), c.cols(), accumulate, scratch);
-#ifdef _OPENMP
-                omp_set_num_threads(saved);
-#endif
                 double worst = 0;
                 for (Eigen::Index r = 0; r < m; ++r) {
                   for (Eigen::Index j = 0; j < n; ++j) {
@@ -386,7 +375,7 @@ TEST(Reference, LinearOnEveryLayoutAndBackendEqualsTheProduct) {
                     << ", " << m << " rows, " << threads << " threads, transposed " << transposed
                     << ", accumulate " << accumulate;
               }
-            }
+            });
           }
         }
       }
@@ -742,15 +731,7 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   (void)offset;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
   const ref::linear layer(std::move(segs), ref::vector());
-#ifdef _OPENMP
-  const int saved = omp_get_max_threads();
-#endif
-  for (const int threads : {1, 2}) {
-#ifdef _OPENMP
-    omp_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
+  test::for_threads({1, 2}, [&](int threads) {
     for (const Eigen::Index m : {1, 2, 3, 4, 5, 9, 17}) {
       std::vector<float> a(static_cast<std::size_t>(m * k));
       for (auto& v : a) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.0f;
@@ -774,10 +755,7 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
         }
       }
     }
-  }
-#ifdef _OPENMP
-  omp_set_num_threads(saved);
-#endif
+  });
 }
 
 // With 8-bit activations (linear's int8_activations), each output is within the stated bound of
@@ -804,15 +782,7 @@ TEST(Reference, Int8ActivationsDotWithinTheirBound) {
   std::fill(a.begin() + 64, a.begin() + 96, 0.0f);  // an all-zero block (d_b = 0)
   // Row 0 alone, the reference bits for every batch size.
   std::vector<float> alone(static_cast<std::size_t>(n));
-#ifdef _OPENMP
-  const int saved = omp_get_max_threads();
-#endif
-  for (const int threads : {1, 2}) {
-#ifdef _OPENMP
-    omp_set_num_threads(threads);
-#else
-    (void)threads;
-#endif
+  test::for_threads({1, 2}, [&](int threads) {
     for (const Eigen::Index m : {1, 2, 3, 4, 5, 9, 17, 70}) {
       for (const bool accumulate : {false, true}) {
         std::vector<float> c(static_cast<std::size_t>(m * n), accumulate ? 0.5f : -7.0f);
@@ -862,10 +832,7 @@ TEST(Reference, Int8ActivationsDotWithinTheirBound) {
         }
       }
     }
-  }
-#ifdef _OPENMP
-  omp_set_num_threads(saved);
-#endif
+  });
   // The mode is not the exact path: on these rows some output differs from it.
   std::vector<float> c8(static_cast<std::size_t>(n)), c32(static_cast<std::size_t>(n));
   ref::gemm_scratch scratch;

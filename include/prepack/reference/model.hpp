@@ -252,24 +252,12 @@ class model {
   bool quantized() const noexcept { return !quantized_types_.empty(); }
   const std::map<std::string, int>& quantized_types() const noexcept { return quantized_types_; }
   /// Whether held quantized projections dot with 8-bit activations (model_options::activations
-  /// asked for it and some layer's types allow it: int8_layers()). O(layers).
-  bool int8_activations() const noexcept { return int8_layers().first > 0; }
+  /// asked for it and some layer's types allow it: int8_layers()). O(1).
+  bool int8_activations() const noexcept { return int8_layers_.first > 0; }
   /// Of the quantized layers (fused projections and the LM head), how many dot with 8-bit
   /// activations (model_options::activations; a layer with a segment of another type keeps
-  /// fp32), and how many there are. O(layers).
-  std::pair<int, int> int8_layers() const noexcept {
-    std::pair<int, int> n{0, 0};
-    const auto count = [&n](const linear& x) {
-      if (!x.quantized()) return;
-      ++n.second;
-      if (x.int8_activations()) ++n.first;
-    };
-    for (const layer& L : layers_) {
-      for (const linear* x : {&L.qkv, &L.o, &L.gate_up, &L.down}) count(*x);
-    }
-    count(lm_head_);
-    return n;
-  }
+  /// fp32), and how many there are: counted once, when the model is made. O(1).
+  std::pair<int, int> int8_layers() const noexcept { return int8_layers_; }
   /// Bytes of the prepared weights the model holds.
   std::size_t weight_bytes() const noexcept {
     std::size_t b = static_cast<std::size_t>(embed_.size() + final_norm_.size()) * sizeof(float) +
@@ -501,6 +489,15 @@ class model {
                      ? linear(std::move(head), false, weight_type::f32, lay)
                      : linear(std::vector<quantized_matrix>{std::move(head_q)}, vector(), int8);
     }
+    const auto count = [this](const linear& x) {
+      if (!x.quantized()) return;
+      ++int8_layers_.second;
+      if (x.int8_activations()) ++int8_layers_.first;
+    };
+    for (const layer& L : layers_) {
+      for (const linear* x : {&L.qkv, &L.o, &L.gate_up, &L.down}) count(*x);
+    }
+    count(lm_head_);
   }
 
   // Token `token`'s embedding into out[hidden]: a row of the fp32 table, or decoded from the
@@ -703,6 +700,7 @@ class model {
   mutable detail::workspace_slot work_;  // activations kept between passes
   std::vector<layer> layers_;
   std::map<std::string, int> quantized_types_;  // held quantized: matrices of each ggml type
+  std::pair<int, int> int8_layers_{0, 0};       // quantized layers dotting int8, and all
   quantized_matrix embed_q_;                    // untied embedding held as stored, or empty
   matrix embed_;       // [vocab][hidden]  (empty when tied: lm_head_ holds it)
   vector final_norm_;  // [hidden]

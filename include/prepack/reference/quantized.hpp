@@ -443,37 +443,35 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
     const __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
     return _mm256_and_si256(both, low4);
   };
+  const __m256i eight = _mm256_set1_epi8(8);
+  // The 32-value block formats (`bytes` a block): block(q, b, accumulator) for every block,
+  // two a step, the even one into accumulator 0 and the odd one into 1, then an odd last one.
+  const auto two_blocks_a_step = [&](std::int64_t bytes, auto block) {
+    std::int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, p += 2 * bytes) {
+      block(p, b, even{});
+      block(p + bytes, b + 1, odd{});
+    }
+    if (b < nb) block(p, b, even{});
+  };
   switch (type) {
     case ggml_type::q8_0:
-      for (std::int64_t b = 0; b < nb; ++b, p += 34) {
-        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2));
-        if (b & 1) {
-          signed_block(w, b, int8_fp16(p), odd{});
-        } else {
-          signed_block(w, b, int8_fp16(p), even{});
-        }
-      }
+      two_blocks_a_step(34, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 2));
+        signed_block(w, b, int8_fp16(q), u_acc);
+      });
       break;
     case ggml_type::q4_0:
-      for (std::int64_t b = 0; b < nb; ++b, p += 18) {
-        const __m256i w = _mm256_sub_epi8(nibbles(p + 2), _mm256_set1_epi8(8));
-        if (b & 1) {
-          signed_block(w, b, int8_fp16(p), odd{});
-        } else {
-          signed_block(w, b, int8_fp16(p), even{});
-        }
-      }
+      two_blocks_a_step(18, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
+        signed_block(_mm256_sub_epi8(nibbles(q + 2), eight), b, int8_fp16(q), u_acc);
+      });
       break;
     case ggml_type::q4_1:
-      for (std::int64_t b = 0; b < nb; ++b, p += 20) {
-        const float mw = int8_fp16(p + 2);
-        if (b & 1) {
-          unsigned_block(nibbles(p + 4), b, int8_fp16(p), odd{});
-        } else {
-          unsigned_block(nibbles(p + 4), b, int8_fp16(p), even{});
-        }
+      two_blocks_a_step(20, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
+        unsigned_block(nibbles(q + 4), b, int8_fp16(q), u_acc);
+        const float mw = int8_fp16(q + 2);
         for (int i = 0; i < M; ++i) tail[i] = std::fma(mw, as[i][b], tail[i]);
-      }
+      });
       break;
     case ggml_type::q4_k:
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
