@@ -739,8 +739,10 @@ class linear {
     }
     if (quantized() && m <= dot_rows) {
       // Decode (a few sequences): rows of the types that dot straight from their blocks
-      // (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on AVX2 / AVX-512 builds) are read once and never widened
-      // when up to fused_rows activation rows multiply; the others are decoded four rows at a time
+      // (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on AVX2 / AVX-512 builds) are never widened when up to
+      // fused_rows activation rows multiply (fused_block rows a pass over a row, which stays in
+      // L1 between passes: at 8 rows 1.1-1.8x faster than decoding it, at 16 up to 1.8x
+      // slower, measured on the large model's files); the others are decoded four rows at a time
       // into the thread's cache-resident rows and dotted with every activation row, dot_mr rows at
       // a time in registers. Nothing is written to a panel and read back, or packed for a GEMM.
       const bool fuse = m <= fused_rows;
@@ -895,8 +897,10 @@ class linear {
   // activation rows each register block holds (4 x 4 accumulators fit AVX-512's 32 vector
   // registers; AVX2's 16 take 2 x 4).
   static constexpr Eigen::Index dot_rows = 16;
-  // Activation rows up to which rows that dot straight from their blocks do so.
-  static constexpr Eigen::Index fused_rows = 4;
+  // Activation rows up to which rows that dot straight from their blocks do so, and how many
+  // of them each pass over a row takes.
+  static constexpr Eigen::Index fused_rows = 8;
+  static constexpr Eigen::Index fused_block = 4;
 #ifdef __AVX512F__
   static constexpr int dot_mr = 4;
 #else
@@ -956,23 +960,28 @@ class linear {
     const std::size_t s = segment(r);
     const quantized_matrix& q = q_[s];
     const Eigen::Index lr = r - q_start_[s];
-    float y[fused_rows];
-    switch (m) {
-      case 1:
-        q.dot_row<1>(lr, a, lda, y);
-        break;
-      case 2:
-        q.dot_row<2>(lr, a, lda, y);
-        break;
-      case 3:
-        q.dot_row<3>(lr, a, lda, y);
-        break;
-      default:
-        q.dot_row<4>(lr, a, lda, y);
-        break;
-    }
-    for (Eigen::Index i = 0; i < m; ++i) {
-      c[i * ldc] = accumulate ? c[i * ldc] + y[i] : y[i];
+    float y[fused_block];
+    for (Eigen::Index i0 = 0; i0 < m; i0 += fused_block) {  // the row stays in L1 between blocks
+      const Eigen::Index mb = std::min(fused_block, m - i0);
+      const float* x = a + i0 * lda;
+      switch (mb) {
+        case 1:
+          q.dot_row<1>(lr, x, lda, y);
+          break;
+        case 2:
+          q.dot_row<2>(lr, x, lda, y);
+          break;
+        case 3:
+          q.dot_row<3>(lr, x, lda, y);
+          break;
+        default:
+          q.dot_row<4>(lr, x, lda, y);
+          break;
+      }
+      for (Eigen::Index i = 0; i < mb; ++i) {
+        float& out = c[(i0 + i) * ldc];
+        out = accumulate ? out + y[i] : y[i];
+      }
     }
   }
 
