@@ -458,7 +458,7 @@ TEST(Reference, RowOperationsGiveOneResultWhereverTheRowLies) {
   std::mt19937_64 rng(12);
   std::normal_distribution<float> value(0.0f, 3.0f);
   const float eps = 1e-5f;
-  for (std::size_t n : {1, 5, 16, 37, 100, 576}) {
+  for (const std::size_t n : {1u, 5u, 16u, 37u, 100u, 576u}) {
     std::vector<float> x(n), u(n);
     for (std::size_t i = 0; i < n; ++i) x[i] = value(rng), u[i] = value(rng);
     double squares = 0;
@@ -727,10 +727,10 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   std::mt19937 rng(23);
   const Eigen::Index k = 512;
-  auto [segs, w, offset] = random_quantized_layer(rng, k);
-  (void)offset;
+  quantized_layer_case lc = random_quantized_layer(rng, k);
+  const std::vector<std::vector<double>>& w = lc.w;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
-  const ref::linear layer(std::move(segs), ref::vector());
+  const ref::linear layer(std::move(lc.segs), ref::vector());
   test::for_threads({1, 2}, [&](int threads) {
     for (const Eigen::Index m : {1, 2, 3, 4, 5, 8, 9, 17}) {
       std::vector<float> a(static_cast<std::size_t>(m * k));
@@ -769,9 +769,11 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
 TEST(Reference, Int8ActivationsDotWithinTheirBound) {
   std::mt19937 rng(29);
   const Eigen::Index k = 512;
-  auto [segs, w, offset] = random_quantized_layer(rng, k);
+  quantized_layer_case lc = random_quantized_layer(rng, k);
+  const std::vector<std::vector<double>>& w = lc.w;
+  const std::vector<std::vector<double>>& offset = lc.offset;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
-  const ref::linear layer(std::move(segs), ref::vector(), true);
+  const ref::linear layer(std::move(lc.segs), ref::vector(), true);
   ASSERT_TRUE(layer.int8_activations());
   const ref::linear exact(layer.quantized_segments(), ref::vector());
   EXPECT_FALSE(exact.int8_activations());
