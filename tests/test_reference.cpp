@@ -578,7 +578,10 @@ struct quantized_layer_case {
 };
 quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
   using prepack::checkpoint::ggml_type;
-  const Eigen::Index rows8 = 7, rows4 = 6, rowsk = 5, rows6 = 4, rows1 = 3;
+  // the K-quants' 256-value blocks only where k holds them
+  const bool k_quants = k % 256 == 0;
+  const Eigen::Index rows8 = 7, rows4 = 6, rowsk = k_quants ? 5 : 0, rows6 = k_quants ? 4 : 0,
+                     rows1 = 3;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
@@ -713,10 +716,12 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
       ref::quantized_matrix::from_bytes(ggml_type::q4_0, rows4, k, b4.data(), b4.size(), "q4"));
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q4_1, rows1, k, b1.data(), b1.size(), "q41"));
-  segs.push_back(
-      ref::quantized_matrix::from_bytes(ggml_type::q4_k, rowsk, k, bk.data(), bk.size(), "q4k"));
-  segs.push_back(
-      ref::quantized_matrix::from_bytes(ggml_type::q6_k, rows6, k, b6.data(), b6.size(), "q6k"));
+  if (k_quants) {
+    segs.push_back(
+        ref::quantized_matrix::from_bytes(ggml_type::q4_k, rowsk, k, bk.data(), bk.size(), "q4k"));
+    segs.push_back(
+        ref::quantized_matrix::from_bytes(ggml_type::q6_k, rows6, k, b6.data(), b6.size(), "q6k"));
+  }
   return {std::move(segs), std::move(w), std::move(offsets)};
 }
 
@@ -765,10 +770,11 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
 // rounding; it equals that dot with the activations quantized as stated (q = a / d_b to
 // nearest, ties to even; evaluated here in double from those q); and a row's result is
 // the same bits whatever rows multiply beside it (1 to 70 rows, tiles of 64 crossed), so packing
-// keeps every request equal to running it alone.
-TEST(Reference, Int8ActivationsDotWithinTheirBound) {
+// keeps every request equal to running it alone. Rows of 512 values (all five types) and of
+// 17 32-value blocks (Q8_0, Q4_0, Q4_1: the kernels' steps of four and two blocks, then an odd
+// last one).
+void int8_dots_within_their_bound(Eigen::Index k) {
   std::mt19937 rng(29);
-  const Eigen::Index k = 512;
   quantized_layer_case lc = random_quantized_layer(rng, k);
   const std::vector<std::vector<double>>& w = lc.w;
   const std::vector<std::vector<double>>& offset = lc.offset;
@@ -841,6 +847,10 @@ TEST(Reference, Int8ActivationsDotWithinTheirBound) {
   layer.apply(ref::gemm_backend::eigen, 1, a.data(), k, c8.data(), n, false, scratch);
   exact.apply(ref::gemm_backend::eigen, 1, a.data(), k, c32.data(), n, false, scratch);
   EXPECT_NE(c8, c32);
+}
+
+TEST(Reference, Int8ActivationsDotWithinTheirBound) {
+  for (const Eigen::Index k : {512, 544}) int8_dots_within_their_bound(k);
 }
 
 // Weights held quantized compute the function of their widened values: a model whose

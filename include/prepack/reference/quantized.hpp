@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../checkpoint/quant.hpp"
@@ -352,6 +353,13 @@ constexpr bool int8_dot_type(checkpoint::ggml_type type) noexcept {
          type == checkpoint::ggml_type::q6_k;
 }
 
+// The scalar terms of a row's dot (Q4_1's m_w s_b, Q4_K's -dmin m_j s_b) are summed in 8
+// chains by block b mod 8, not one: a single chain of a dependent FMA a block bounded a row's
+// dot by the FMA's latency. Then the 8 sums as a tree, the order int8_sum adds 8 lanes in.
+inline float int8_tail(const float (&t)[8]) noexcept {
+  return ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+}
+
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
 #define PREPACK_INT8_DOT 1
 // 8 int32 lanes, each the sum of 4 products of u (unsigned) and s (signed) bytes; exact for
@@ -378,11 +386,338 @@ inline float int8_fp16(const unsigned char* p) noexcept {
 #define PREPACK_INT8_DOT 0
 #endif
 
+#if PREPACK_INT8_DOT && defined(__AVX512F__) && defined(__AVX512BW__)
+#define PREPACK_INT8_DOT512 1
+// int8_dot_us over 64 bytes: 16 int32 lanes, each the sum of 4 products (the same bound).
+inline __m512i int8_dot_us512(__m512i u, __m512i s) noexcept {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, s);
+#else
+  return _mm512_madd_epi16(_mm512_maddubs_epi16(u, s), _mm512_set1_epi16(1));
+#endif
+}
+#else
+#define PREPACK_INT8_DOT512 0
+#endif
+
+#if PREPACK_INT8_DOT512
+// int8_dot (below) where vectors are 512 bits wide: two 32-value blocks a vector, lanes 0-7 the
+// even block's and 8-15 the odd one's, so acc[i] holds the 8-lane path's two accumulators side
+// by side and every lane sums the same products in the same order (results equal that path's to
+// the bit) with about half the instructions. Where the CPU permutes bytes across two vectors
+// (AVX512-VBMI) the 32-value formats take four blocks a step and gather their fp16 scales (and
+// Q4_0's, Q4_1's nibbles) with one permute each instead of a scalar load and conversion a
+// block. An odd last block takes the even lanes alone. O(M k).
+template <int M>
+__attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsigned char* p,
+                                          std::int64_t k, const int8_rows& a, std::int64_t i0,
+                                          float* y) noexcept {
+  using checkpoint::ggml_type;
+  const std::int64_t nb = k / 32;
+  const std::int8_t* aq[M];
+  const float* ad[M];
+  const float* as[M];
+  __m512 acc[M];
+  float tails[M][8];  // Q4_1's and Q4_K's mins times the blocks' sums (int8_tail)
+  for (int i = 0; i < M; ++i) {
+    aq[i] = a.q.data() + (i0 + i) * a.cols;
+    ad[i] = a.d.data() + (i0 + i) * (a.cols / 32);
+    as[i] = a.s.data() + (i0 + i) * (a.cols / 32);
+    acc[i] = _mm512_setzero_ps();
+    for (float& t : tails[i]) t = 0.0f;
+  }
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const auto load32 = [](const unsigned char* q) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+  };
+  const auto halves = [](__m256i lo, __m256i hi) {  // [lo | hi]
+    return _mm512_maskz_inserti64x4(0xFF, _mm512_zextsi256_si512(lo), hi, 1);
+  };
+  // Row i's activation blocks b and b + 1 (b's alone, the rest zero, where `one`).
+  const auto act2 = [&](int i, std::int64_t b, bool one) {
+    const std::int8_t* q = aq[i] + b * 32;
+    return one ? _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)))
+               : _mm512_loadu_si512(q);
+  };
+  const auto pair = [](float x0, float x1) {  // [x0 in lanes 0-7 | x1 in 8-15]
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(x0), 0xFF00, _mm_set_ss(x1));
+  };
+  // acc[i] += v * s lane-wise (the even lanes alone where `one`).
+  const auto add = [&](int i, __m512i v, __m512 s, bool one) {
+    acc[i] = _mm512_mask3_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, v), s, acc[i],
+                                   one ? __mmask16{0x00FF} : __mmask16{0xFFFF});
+  };
+  // Signed weight bytes w against blocks b, b + 1: |w| . (a with w's sign), which is w . a in
+  // every lane exactly as the 8-lane path's _mm256_sign_epi8 pair gives it (a is never -128;
+  // where w is 0 both give a zero product). scale(i): the lanes' scales for activation row i.
+  const auto signed_pair = [&](__m512i w, std::int64_t b, bool one, auto scale) {
+    const __m512i aw = _mm512_abs_epi8(w);
+    const __mmask64 neg = _mm512_movepi8_mask(w);
+    for (int i = 0; i < M; ++i) {
+      const __m512i x = act2(i, b, one);
+      add(i, int8_dot_us512(aw, _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x)), scale(i),
+          one);
+    }
+  };
+  const auto unsigned_pair = [&](__m512i u, std::int64_t b, bool one, auto scale) {
+    for (int i = 0; i < M; ++i) add(i, int8_dot_us512(u, act2(i, b, one)), scale(i), one);
+  };
+  // The 16 nibble bytes of blocks b and b + 1 at q0, q1: [q0's low | q0's high | q1's low |
+  // q1's high] nibbles, the order of their 64 activations.
+  const auto nibbles2 = [&](const unsigned char* q0, const unsigned char* q1) {
+    const __m256i t = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q1)),
+                                       _mm_loadu_si128(reinterpret_cast<const __m128i*>(q0)));
+    const __m512i u = halves(t, _mm256_srli_epi16(t, 4));  // q0, q1, q0 >> 4, q1 >> 4
+    return _mm512_and_si512(_mm512_maskz_shuffle_i64x2(0xFF, u, u, 0xD8), low4);
+  };
+  // The lanes' scales d_w d_a of blocks b, b + 1 (fp16 d_w at q0, q1) for activation row i.
+  const auto block_scales = [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b,
+                                bool one) {
+    const float d0 = int8_fp16(q0), d1 = int8_fp16(q1);
+    return [&ad, &pair, d0, d1, b, one](int i) {
+      return pair(d0 * ad[i][b], one ? 0.0f : d1 * ad[i][b + 1]);
+    };
+  };
+  // pair_block(q0, q1, b, one) for blocks b, b + 1 at q0, q1 (`bytes` a block) from block b0 on,
+  // two a step, then an odd last one alone (q1 = q0, one).
+  const auto block_pairs = [&](std::int64_t bytes, std::int64_t b0, auto pair_block) {
+    std::int64_t b = b0;
+    for (; b + 2 <= nb; b += 2) pair_block(p + b * bytes, p + (b + 1) * bytes, b, false);
+    if (b < nb) pair_block(p + b * bytes, p + b * bytes, b, true);
+  };
+#if defined(__AVX512VBMI__)
+  // Four blocks a step (`bytes` each, 4 bytes <= 128): quad(w, b) with w the 128 bytes from
+  // block b (two vectors); returns the first block the pairs above take on from.
+  const auto block_quads = [&](std::int64_t bytes, auto quad) {
+    std::int64_t b = 0;
+    for (; b + 4 <= nb && (nb - b) * bytes >= 128; b += 4) {
+      const unsigned char* q = p + b * bytes;
+      const __m512i w[2] = {_mm512_loadu_si512(q), _mm512_loadu_si512(q + 64)};
+      quad(w, b);
+    }
+    return b;
+  };
+  // Bytes [off, off + n) of each of 4 blocks of `bytes`, one after another, as a byte index.
+  const auto gather_index = [](int bytes, int off, int n) {
+    alignas(64) unsigned char idx[64] = {};
+    for (int j = 0; j < 4; ++j) {
+      for (int t = 0; t < n; ++t) idx[j * n + t] = static_cast<unsigned char>(j * bytes + off + t);
+    }
+    return _mm512_load_si512(idx);
+  };
+  // The four fp16 scales at byte `off` of 4 blocks of w as floats, times each activation row's
+  // (lanes 0-3), then spread to two blocks a vector (blocks 0 and 1 of the four, or 2 and 3).
+  const __m512i first2 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m512i last2 = _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2);
+  const auto quad_scales = [&](const __m512i(&w)[2], const __m512i& index, std::int64_t b,
+                               __m128(&s)[M]) {
+    const __m128 d =
+        _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(w[0], index, w[1])));
+    for (int i = 0; i < M; ++i) s[i] = _mm_mul_ps(d, _mm_loadu_ps(ad[i] + b));
+  };
+  const auto spread = [](__m128 s, const __m512i& which) {
+    return _mm512_permutexvar_ps(which, _mm512_broadcast_f32x4(s));
+  };
+  // Q4_0 / Q4_1: [b's low | b's high | b+1's low | b+1's high] and the same for b + 2, b + 3
+  // from 4 blocks' nibbles (16 bytes at `off` of each) in one vector n.
+  const __m512i lanes01 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+  const __m512i lanes23 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+  const auto split = [&](__m512i n, __m512i(&q)[2]) {
+    const __m512i lo = _mm512_and_si512(n, low4);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(n, 4), low4);
+    q[0] = _mm512_permutex2var_epi64(lo, lanes01, hi);
+    q[1] = _mm512_permutex2var_epi64(lo, lanes23, hi);
+  };
+#endif
+  switch (type) {
+    case ggml_type::q8_0: {
+      std::int64_t b0 = 0;
+#if defined(__AVX512VBMI__)
+      const __m512i scale_at = gather_index(34, 0, 2);
+      b0 = block_quads(34, [&](const __m512i(&w)[2], std::int64_t b) {
+        __m128 s[M];
+        quad_scales(w, scale_at, b, s);
+        const unsigned char* q = p + b * 34;
+        signed_pair(halves(load32(q + 2), load32(q + 36)), b, false,
+                    [&](int i) { return spread(s[i], first2); });
+        signed_pair(halves(load32(q + 70), load32(q + 104)), b + 2, false,
+                    [&](int i) { return spread(s[i], last2); });
+      });
+#endif
+      block_pairs(34, b0,
+                  [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+                    signed_pair(halves(load32(q0 + 2), load32(q1 + 2)), b, one,
+                                block_scales(q0, q1, b, one));
+                  });
+      break;
+    }
+    case ggml_type::q4_0: {
+      std::int64_t b0 = 0;
+      const __m512i eight = _mm512_set1_epi8(8);
+#if defined(__AVX512VBMI__)
+      const __m512i scale_at = gather_index(18, 0, 2), nibbles_at = gather_index(18, 2, 16);
+      b0 = block_quads(18, [&](const __m512i(&w)[2], std::int64_t b) {
+        __m128 s[M];
+        quad_scales(w, scale_at, b, s);
+        __m512i q[2];
+        split(_mm512_permutex2var_epi8(w[0], nibbles_at, w[1]), q);
+        signed_pair(_mm512_sub_epi8(q[0], eight), b, false,
+                    [&](int i) { return spread(s[i], first2); });
+        signed_pair(_mm512_sub_epi8(q[1], eight), b + 2, false,
+                    [&](int i) { return spread(s[i], last2); });
+      });
+#endif
+      block_pairs(18, b0,
+                  [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+                    signed_pair(_mm512_sub_epi8(nibbles2(q0 + 2, q1 + 2), eight), b, one,
+                                block_scales(q0, q1, b, one));
+                  });
+      break;
+    }
+    case ggml_type::q4_1: {
+      const auto mins = [&](const unsigned char* q, std::int64_t b) {
+        const float m = int8_fp16(q + 2);
+        for (int i = 0; i < M; ++i) tails[i][b % 8] = std::fma(m, as[i][b], tails[i][b % 8]);
+      };
+      std::int64_t b0 = 0;
+#if defined(__AVX512VBMI__)
+      const __m512i scale_at = gather_index(20, 0, 2), nibbles_at = gather_index(20, 4, 16);
+      const __m512i min_at = gather_index(20, 2, 2);
+      // the chains of blocks b mod 8 = 0 .. 3 and 4 .. 7 (the lanes of tails), in registers
+      __m128 t[M][2];
+      for (int i = 0; i < M; ++i) t[i][0] = t[i][1] = _mm_setzero_ps();
+      b0 = block_quads(20, [&](const __m512i(&w)[2], std::int64_t b) {
+        __m128 s[M];
+        quad_scales(w, scale_at, b, s);
+        __m512i q[2];
+        split(_mm512_permutex2var_epi8(w[0], nibbles_at, w[1]), q);
+        unsigned_pair(q[0], b, false, [&](int i) { return spread(s[i], first2); });
+        unsigned_pair(q[1], b + 2, false, [&](int i) { return spread(s[i], last2); });
+        const __m128 m =
+            _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutex2var_epi8(w[0], min_at, w[1])));
+        const int half = b % 8 == 0 ? 0 : 1;
+        for (int i = 0; i < M; ++i) {
+          t[i][half] = _mm_fmadd_ps(m, _mm_loadu_ps(as[i] + b), t[i][half]);
+        }
+      });
+      for (int i = 0; i < M; ++i) {
+        _mm_storeu_ps(tails[i], t[i][0]);
+        _mm_storeu_ps(tails[i] + 4, t[i][1]);
+      }
+#endif
+      block_pairs(20, b0,
+                  [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+                    unsigned_pair(nibbles2(q0 + 4, q1 + 4), b, one, block_scales(q0, q1, b, one));
+                    mins(q0, b);
+                    if (!one) mins(q1, b + 1);
+                  });
+      break;
+    }
+    case ggml_type::q4_k: {
+      // lanes of sub-blocks 2c and 2c + 1 (c = 0 .. 3), from a vector of the 8 sub-blocks'
+      const __m512i subs[4] = {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                               _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
+                               _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
+                               _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
+      // The 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4) as 16 bytes: sc_0..7,
+      // then m_0..7. Byte j < 4: sc_j = q[j] & 63, m_j = q[j + 4] & 63; j >= 4: sc_j =
+      // q[j + 4] & 15 | (q[j - 4] >> 6) << 4, m_j = q[j + 4] >> 4 | (q[j] >> 6) << 4.
+      const __m128i x_at = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
+      const __m128i y_at = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
+      const __m128i keep =
+          _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+      const __m512i to_mins = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+      __m512 t[M];  // lanes 8-15: the chains of tails
+      for (int i = 0; i < M; ++i) t[i] = _mm512_setzero_ps();
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
+        const __m128i x = _mm_shuffle_epi8(raw, x_at), yh = _mm_shuffle_epi8(raw, y_at);
+        const __m128i xs = _mm_mask_blend_epi8(0xF000, x, _mm_srli_epi16(x, 4));
+        const __m128i sm = _mm_or_si128(_mm_and_si128(xs, keep),
+                                        _mm_and_si128(_mm_srli_epi16(yh, 2), _mm_set1_epi8(0x30)));
+        // lanes 0-7: d sc_j, 8-15: dmin m_j (each product rounded once)
+        const __m512 dm = _mm512_mul_ps(pair(int8_fp16(p), int8_fp16(p + 2)),
+                                        _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_cvtepu8_epi32(sm)));
+        __m512 s[M];  // lanes 0-7: d sc_j d_a of sub-block j, for each activation row
+        for (int i = 0; i < M; ++i) {
+          const __m512 a8 = _mm512_maskz_loadu_ps(0xFF, ad[i] + sb * 8);
+          s[i] = _mm512_mul_ps(dm, a8);
+          t[i] = _mm512_mask3_fnmadd_ps(
+              dm, _mm512_permutexvar_ps(to_mins, _mm512_maskz_loadu_ps(0xFF, as[i] + sb * 8)), t[i],
+              0xFF00);
+        }
+        for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
+          const __m256i v = load32(p + 16 + 32 * c);
+          unsigned_pair(_mm512_and_si512(halves(v, _mm256_srli_epi16(v, 4)), low4), sb * 8 + 2 * c,
+                        false, [&](int i) { return _mm512_permutexvar_ps(subs[c], s[i]); });
+        }
+      }
+      for (int i = 0; i < M; ++i) {
+        _mm256_storeu_ps(tails[i], _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(
+                                       0xF, _mm512_castps_pd(t[i]), 1)));
+      }
+      break;
+    }
+    case ggml_type::q6_k: {
+      const __m512i three0 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
+      // Lane l of quarters (first, first + 1) of half h takes 16-value group 8h + 2 first +
+      // l / 4 of the 16; group g lies in activation block g / 2.
+      const __m512i groups[4] = {
+          _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+          _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
+          _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),
+          _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)};
+      const __m512i block_of = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
+        // d sc_g of the 16 groups (each product rounded once, as decoding gives it), times
+        // each activation row's d_a of the group's block
+        const __m512 g = _mm512_mul_ps(
+            _mm512_set1_ps(int8_fp16(p + 208)),
+            _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                                 reinterpret_cast<const __m128i*>(p + 192)))));
+        __m512 s[M];
+        for (int i = 0; i < M; ++i) {
+          s[i] = _mm512_mul_ps(
+              g, _mm512_permutexvar_ps(block_of, _mm512_maskz_loadu_ps(0xFF, ad[i] + sb * 8)));
+        }
+        for (int half = 0; half < 2; ++half) {
+          const __m256i h = load32(p + 128 + 32 * half);
+          const __m512i lh = _mm512_loadu_si512(p + 64 * half);  // [low bytes | high bytes]
+          const __m512i ha = halves(_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2));
+          const __m512i hb = halves(h, _mm256_srli_epi16(h, 2));
+          const __m512i q01 =
+              _mm512_or_si512(_mm512_and_si512(lh, low4), _mm512_and_si512(ha, three0));
+          const __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(lh, 4), low4),
+                                              _mm512_and_si512(hb, three0));
+          const std::int64_t b = sb * 8 + half * 4;
+          signed_pair(_mm512_sub_epi8(q01, bias), b, false,
+                      [&](int i) { return _mm512_permutexvar_ps(groups[2 * half], s[i]); });
+          signed_pair(_mm512_sub_epi8(q23, bias), b + 2, false,
+                      [&](int i) { return _mm512_permutexvar_ps(groups[2 * half + 1], s[i]); });
+        }
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  for (int i = 0; i < M; ++i) {
+    const __m512d v = _mm512_castps_pd(acc[i]);
+    const __m256 lo = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, v, 0));
+    const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, v, 1));
+    y[i] = int8_sum(_mm256_add_ps(lo, hi)) + int8_tail(tails[i]);
+  }
+}
+#endif
+
 // y[i] = row . a_i for the M activation rows a.q + i0 (int8_rows) and one row of `type`
 // (int8_dot_type; k a multiple of 32, of 256 for the K-quants). O(M k).
 template <int M>
 void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k,
               const int8_rows& a, std::int64_t i0, float* y) noexcept {
+#if PREPACK_INT8_DOT512
+  int8_dot512<M>(type, p, k, a, i0, y);
+#else
   using checkpoint::ggml_type;
   const std::int64_t nb = k / 32;
   const std::int8_t* aq[M];
@@ -393,8 +728,10 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
     ad[i] = a.d.data() + (i0 + i) * (a.cols / 32);
     as[i] = a.s.data() + (i0 + i) * (a.cols / 32);
   }
-  float tail[M];  // the scalar terms: Q4_1's and Q4_K's mins times the blocks' sums
-  for (int i = 0; i < M; ++i) tail[i] = 0.0f;
+  float tails[M][8];  // Q4_1's and Q4_K's mins times the blocks' sums (int8_tail)
+  for (int i = 0; i < M; ++i) {
+    for (float& t : tails[i]) t = 0.0f;
+  }
   // Each sub-block's d sc_j and dmin m_j of a Q4_K block at q.
   const auto q4k_scales = [](const unsigned char* q, float d, float dmin, float(&dsc)[8],
                              float(&dmn)[8]) {
@@ -405,11 +742,11 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       dmn[j] = dmin * static_cast<float>(mn);
     }
   };
-  // The mins against the blocks' exact sums, one rounding per term whatever M (a contracted or
-  // split a * b + c would differ between instantiations).
+  // The mins against the blocks' exact sums (int8_tail), one rounding per term whatever M (a
+  // contracted or split a * b + c would differ between instantiations).
   const auto q4k_mins = [&](std::int64_t sb, const float(&dmn)[8]) {
     for (int i = 0; i < M; ++i) {
-      for (int j = 0; j < 8; ++j) tail[i] = std::fma(-dmn[j], as[i][sb * 8 + j], tail[i]);
+      for (int j = 0; j < 8; ++j) tails[i][j] = std::fma(-dmn[j], as[i][sb * 8 + j], tails[i][j]);
     }
   };
 #if PREPACK_INT8_DOT
@@ -470,7 +807,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       two_blocks_a_step(20, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
         unsigned_block(nibbles(q + 4), b, int8_fp16(q), u_acc);
         const float mw = int8_fp16(q + 2);
-        for (int i = 0; i < M; ++i) tail[i] = std::fma(mw, as[i][b], tail[i]);
+        for (int i = 0; i < M; ++i) tails[i][b % 8] = std::fma(mw, as[i][b], tails[i][b % 8]);
       });
       break;
     case ggml_type::q4_k:
@@ -531,7 +868,9 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
     default:
       break;
   }
-  for (int i = 0; i < M; ++i) y[i] = int8_sum(_mm256_add_ps(acc[i][0], acc[i][1])) + tail[i];
+  for (int i = 0; i < M; ++i) {
+    y[i] = int8_sum(_mm256_add_ps(acc[i][0], acc[i][1])) + int8_tail(tails[i]);
+  }
 #else
   // The same sums without vectors: each 32-value block's (or 16-value group's) integer dot,
   // then its scale.
@@ -561,7 +900,9 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         }
         for (int i = 0; i < M; ++i) {
           y[i] += fp16(p) * ad[i][b] * dot(i, b, w, 32, 0);
-          if (type == ggml_type::q4_1) tail[i] += fp16(p + 2) * as[i][b];
+          if (type == ggml_type::q4_1) {
+            tails[i][b % 8] = std::fma(fp16(p + 2), as[i][b], tails[i][b % 8]);
+          }
         }
       }
       break;
@@ -605,7 +946,8 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
     default:
       break;
   }
-  for (int i = 0; i < M; ++i) y[i] += tail[i];
+  for (int i = 0; i < M; ++i) y[i] += int8_tail(tails[i]);
+#endif
 #endif
 }
 
