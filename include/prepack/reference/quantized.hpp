@@ -144,6 +144,35 @@ inline fused_vec fused_sum32(const float* x) noexcept {
   return t;
 }
 
+// A Q4_K block's 12 bytes of 6-bit scales and mins at q, all 8 of each at once (ggml's
+// get_scale_min_k4): bytes 0-7 sc_0..7, bytes 8-15 m_0..7. For j < 4 sc_j = q[j] & 63 and m_j =
+// q[j + 4] & 63; for j >= 4 sc_j = q[j + 4] & 15 | (q[j - 4] >> 6) << 4 and m_j = q[j + 4] >> 4
+// | (q[j] >> 6) << 4. Reads 16 bytes at q (the block's nibbles follow its scales).
+inline __m128i q4k_scale_bytes(const unsigned char* q) noexcept {
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i low =
+      _mm_shuffle_epi8(raw, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11));
+  const __m128i high =
+      _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  const __m128i m47 = _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, -1, -1, -1);
+  const __m128i shifted = _mm_blendv_epi8(low, _mm_srli_epi16(low, 4), m47);  // m_4..7's nibble
+  const __m128i keep =
+      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
+  return _mm_or_si128(_mm_and_si128(shifted, keep),
+                      _mm_and_si128(_mm_srli_epi16(high, 2), _mm_set1_epi8(0x30)));
+}
+
+// d sc_j (out[0..7]) and -dmin m_j (out[8..15]) of the Q4_K block at p, each product rounded
+// once (as from the scalar values).
+inline void q4k_block_scales(const unsigned char* p, float (&out)[16]) noexcept {
+  const __m128i sm = q4k_scale_bytes(p + 4);
+  const __m256 d = _mm256_set1_ps(fp16_scale(p)), dmin = _mm256_set1_ps(-fp16_scale(p + 2));
+  _mm256_storeu_ps(out, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm))));
+  _mm256_storeu_ps(
+      out + 8,
+      _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)))));
+}
+
 // y[i] = a_i . row for M activation rows a[M][k] (lda) and one row of `type` (Q8_0, Q4_0: k a
 // multiple of 32; Q4_K, Q6_K: of 256). Q4_K's values d sc q - dmin m of each 32-value sub-block
 // enter as d sc (q . a) - dmin m (sum of a). O(M k).
@@ -202,8 +231,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
     fused_vec mins[M][2];
     for (int i = 0; i < M; ++i) mins[i][0] = mins[i][1] = fused_zero();
     for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
-      const float d = fp16_scale(p), dmin = fp16_scale(p + 2);
-      const unsigned char* sc = p + 4;
+      float ds[16];
+      q4k_block_scales(p, ds);
       const unsigned char* nib = p + 16;
       for (int c = 0; c < 4; ++c, nib += 32) {  // 64 values: low nibbles, then high ones
         const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
@@ -212,13 +241,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
         fused_widen32(_mm_and_si128(b0, mask), _mm_and_si128(b1, mask), lo);
         fused_widen32(_mm_and_si128(_mm_srli_epi16(b0, 4), mask),
                       _mm_and_si128(_mm_srli_epi16(b1, 4), mask), hi);
-        unsigned s1, m1, s2, m2;
-        checkpoint::detail::scale_min_k4(2 * c, sc, s1, m1);
-        checkpoint::detail::scale_min_k4(2 * c + 1, sc, s2, m2);
-        const fused_vec d1 = fused_set1(d * static_cast<float>(s1));
-        const fused_vec d2 = fused_set1(d * static_cast<float>(s2));
-        const fused_vec n1 = fused_set1(-dmin * static_cast<float>(m1));
-        const fused_vec n2 = fused_set1(-dmin * static_cast<float>(m2));
+        const fused_vec d1 = fused_set1(ds[2 * c]), d2 = fused_set1(ds[2 * c + 1]);
+        const fused_vec n1 = fused_set1(ds[8 + 2 * c]), n2 = fused_set1(ds[9 + 2 * c]);
         for (int i = 0; i < M; ++i) {  // four independent chains, not one of four FMAs
           const float* x = a + i * lda + b * 256 + c * 64;
           acc[i][0] = fused_fma(fused_dot32(lo, x), d1, acc[i][0]);
@@ -619,22 +643,11 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
                                _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
                                _mm512_set_epi32(5, 5, 5, 5, 5, 5, 5, 5, 4, 4, 4, 4, 4, 4, 4, 4),
                                _mm512_set_epi32(7, 7, 7, 7, 7, 7, 7, 7, 6, 6, 6, 6, 6, 6, 6, 6)};
-      // The 12 bytes of 6-bit scales and mins (ggml's get_scale_min_k4) as 16 bytes: sc_0..7,
-      // then m_0..7. Byte j < 4: sc_j = q[j] & 63, m_j = q[j + 4] & 63; j >= 4: sc_j =
-      // q[j + 4] & 15 | (q[j - 4] >> 6) << 4, m_j = q[j + 4] >> 4 | (q[j] >> 6) << 4.
-      const __m128i x_at = _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9, 10, 11);
-      const __m128i y_at = _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7);
-      const __m128i keep =
-          _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 15, 15, 15, 15);
       const __m512i to_mins = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0);
       __m512 t[M];  // lanes 8-15: the chains of tails
       for (int i = 0; i < M; ++i) t[i] = _mm512_setzero_ps();
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
-        const __m128i x = _mm_shuffle_epi8(raw, x_at), yh = _mm_shuffle_epi8(raw, y_at);
-        const __m128i xs = _mm_mask_blend_epi8(0xF000, x, _mm_srli_epi16(x, 4));
-        const __m128i sm = _mm_or_si128(_mm_and_si128(xs, keep),
-                                        _mm_and_si128(_mm_srli_epi16(yh, 2), _mm_set1_epi8(0x30)));
+        const __m128i sm = q4k_scale_bytes(p + 4);
         // lanes 0-7: d sc_j, 8-15: dmin m_j (each product rounded once)
         const __m512 dm = _mm512_mul_ps(pair(int8_fp16(p), int8_fp16(p + 2)),
                                         _mm512_maskz_cvtepi32_ps(0xFFFF, _mm512_cvtepu8_epi32(sm)));
