@@ -23,7 +23,9 @@
 //                                      and decode steps at 1, 8 and 32 sequences against each
 //                                      form's weight-streaming bound
 // Writes <report_dir>/serve.md (tables, targets), serve.csv and the chart data (gnuplot:
-// serve.gp draws TTFT p99 against the request rate, one line per method). --smoke: a tiny model
+// serve.gp draws TTFT p99 against the request rate, one line per method); a run of the
+// quantized family alone writes <report_dir>/quantized-<file>.md instead (the serving report
+// stays), to which bench/llama_cpp_decode.py --markdown appends llama.cpp's steps. --smoke: a tiny model
 // and one rate, for the tests.
 #include <benchmark/benchmark.h>
 
@@ -34,6 +36,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -426,10 +429,73 @@ void register_quantized() {
 #endif
 }
 
+// The quantized family's table (held, held-int8, widened on one file) and its target.
+void write_quantized(std::ostream& md, std::vector<std::string>& targets) {
+  char buf[512];
+  if (!(g_quant.count("held") && g_quant.count("widened"))) return;
+  const quant_row& h = g_quant["held"];
+  const quant_row& w = g_quant["widened"];
+  md << "### Quantized checkpoint " << std::filesystem::path(g_opt.model_path).filename().string()
+     << ": projections held as stored against dequantized to fp32 (same run)\n\n"
+     << "Bound: the weights the model holds, streamed once a step at the " << h.bandwidth
+     << " GB/s read bandwidth measured here (an upper bound on the bytes: an untied "
+        "embedding table is read a row a token).\n\n"
+     << "| form | weights MB | prefill tokens/s (8 x 128) | decode ms, 1 seq | 8 seqs | 32 seqs "
+        "| tokens/s at 1 seq | streaming bound ms | 1 seq / bound | logits against fp32 "
+        "activations |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n";
+  std::vector<const quant_row*> rows{&h};
+  if (g_quant.count("held-int8")) rows.push_back(&g_quant["held-int8"]);
+  rows.push_back(&w);
+  for (const quant_row* r : rows) {
+    const double bound_ms = r->weight_mb / r->bandwidth;  // MB / (GB/s) = ms
+    char drift[64] = "exact (fp32 products)";
+    if (r->logit_drift >= 0) {
+      std::snprintf(drift, sizeof drift, "max diff %.2e of max |logit|", r->logit_drift);
+    }
+    std::snprintf(
+        buf, sizeof buf, "| %s | %.1f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2fx | %s |\n",
+        r->form.c_str(), r->weight_mb, r->prefill_tps, r->step_ms.at(1), r->step_ms.at(8),
+        r->step_ms.at(32), 1000.0 / r->step_ms.at(1), bound_ms, r->step_ms.at(1) / bound_ms, drift);
+    md << buf;
+  }
+  std::snprintf(buf, sizeof buf,
+                "\nHeld against widened: %.2fx less weight memory, prefill %.2fx, decode "
+                "%.2fx / %.2fx / %.2fx the speed at 1 / 8 / 32 sequences.\n\n",
+                w.weight_mb / h.weight_mb, h.prefill_tps / w.prefill_tps,
+                w.step_ms.at(1) / h.step_ms.at(1), w.step_ms.at(8) / h.step_ms.at(8),
+                w.step_ms.at(32) / h.step_ms.at(32));
+  md << buf;
+  std::snprintf(buf, sizeof buf,
+                "| quantized file: prefill held >= 0.9x the widened (fp32) path | %.2fx | %s |",
+                h.prefill_tps / w.prefill_tps,
+                h.prefill_tps >= 0.9 * w.prefill_tps ? "met" : "missed");
+  targets.push_back(buf);
+}
+
 void write_report() {
   namespace fs = std::filesystem;
   const std::string& dir = g_opt.report_dir;
   fs::create_directories(dir);
+  if (g_serve.empty() && g_sched.empty() && g_decode.empty()) {
+    // The quantized family alone (a --model run filtered to it): its own file, named for the
+    // checkpoint, beside the serving report rather than over it.
+    if (g_quant.empty()) return;
+    const std::string path =
+        dir + "/quantized-" + fs::path(g_opt.model_path).stem().string() + ".md";
+    std::ofstream md(path);
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "Other processes used %.1f%% of the machine's CPU time during the run.\n\n",
+                  100 * machine::others_share(g_t0, machine::cpu_times::now()));
+    md << buf;
+    std::vector<std::string> targets;
+    write_quantized(md, targets);
+    md << "### Targets\n\n| target | measured | verdict |\n|---|---|---|\n";
+    for (const std::string& t : targets) md << t << '\n';
+    std::printf("quantized report written to %s\n", path.c_str());
+    return;
+  }
   std::ofstream csv(dir + "/serve.csv");
   csv << "workload,method,rate,ttft_p50_ms,ttft_p99_ms,tpot_p50_ms,tpot_p99_ms,tokens_per_s\n";
   std::map<std::string, std::map<std::string, std::map<double, const serve_row*>>> by;
@@ -565,47 +631,7 @@ void write_report() {
     }
     md << '\n';
   }
-  if (g_quant.count("held") && g_quant.count("widened")) {
-    const quant_row& h = g_quant["held"];
-    const quant_row& w = g_quant["widened"];
-    md << "### Quantized checkpoint " << g_opt.model_path
-       << ": projections held as stored against dequantized to fp32 (same run)\n\n"
-       << "Bound: the weights the model holds, streamed once a step at the " << h.bandwidth
-       << " GB/s read bandwidth measured here (an upper bound on the bytes: an untied "
-          "embedding table is read a row a token).\n\n"
-       << "| form | weights MB | prefill tokens/s (8 x 128) | decode ms, 1 seq | 8 seqs | 32 seqs "
-          "| tokens/s at 1 seq | streaming bound ms | 1 seq / bound | logits against fp32 "
-          "activations |\n"
-          "|---|---|---|---|---|---|---|---|---|---|\n";
-    std::vector<const quant_row*> rows{&h};
-    if (g_quant.count("held-int8")) rows.push_back(&g_quant["held-int8"]);
-    rows.push_back(&w);
-    for (const quant_row* r : rows) {
-      const double bound_ms = r->weight_mb / r->bandwidth;  // MB / (GB/s) = ms
-      char drift[64] = "exact (fp32 products)";
-      if (r->logit_drift >= 0) {
-        std::snprintf(drift, sizeof drift, "max diff %.2e of max |logit|", r->logit_drift);
-      }
-      std::snprintf(buf, sizeof buf,
-                    "| %s | %.1f | %.0f | %.2f | %.2f | %.2f | %.1f | %.2f | %.2fx | %s |\n",
-                    r->form.c_str(), r->weight_mb, r->prefill_tps, r->step_ms.at(1),
-                    r->step_ms.at(8), r->step_ms.at(32), 1000.0 / r->step_ms.at(1), bound_ms,
-                    r->step_ms.at(1) / bound_ms, drift);
-      md << buf;
-    }
-    std::snprintf(buf, sizeof buf,
-                  "\nHeld against widened: %.2fx less weight memory, prefill %.2fx, decode "
-                  "%.2fx / %.2fx / %.2fx the speed at 1 / 8 / 32 sequences.\n\n",
-                  w.weight_mb / h.weight_mb, h.prefill_tps / w.prefill_tps,
-                  w.step_ms.at(1) / h.step_ms.at(1), w.step_ms.at(8) / h.step_ms.at(8),
-                  w.step_ms.at(32) / h.step_ms.at(32));
-    md << buf;
-    std::snprintf(buf, sizeof buf,
-                  "| quantized file: prefill held >= 0.9x the widened (fp32) path | %.2fx | %s |",
-                  h.prefill_tps / w.prefill_tps,
-                  h.prefill_tps >= 0.9 * w.prefill_tps ? "met" : "missed");
-    targets.push_back(buf);
-  }
+  write_quantized(md, targets);
   md << "### Targets\n\n| target | measured | verdict |\n|---|---|---|\n";
   for (const std::string& t : targets) md << t << '\n';
   std::ofstream gp(dir + "/serve.gp");

@@ -6,8 +6,11 @@ prompt of 128 tokens per sequence prefilled, then 32 steps of one new token per 
 step one llama_decode on the given threads; it prints the best and median step in ms
 (llama.cpp logs to stderr: add 2>/dev/null).
 
-    python bench/llama_cpp_decode.py MODEL.gguf [--seqs 1 8] [--threads 2]
+    python bench/llama_cpp_decode.py MODEL.gguf [--seqs 1 8] [--threads 2] [--markdown]
+
+With --markdown the steps come as a table, to append to bench_serve's quantized report.
 """
+import os
 import argparse
 import time
 
@@ -21,7 +24,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--markdown", action="store_true")
     a = ap.parse_args()
+    if a.markdown:
+        print(f"\n### llama.cpp on {os.path.basename(a.model)} (llama-cpp-python "
+              f"{L.__version__}, {a.threads} threads, {a.prompt}-token prompts, {a.steps} steps)\n")
+        print("| sequences | decode step best ms | median ms |\n|---|---|---|")
     L.llama_backend_init()
     model = L.llama_model_load_from_file(a.model.encode(), L.llama_model_default_params())
     if not model:
@@ -53,8 +61,12 @@ def main() -> None:
             decode([(5 + s, a.prompt + step, s) for s in range(npl)])
             times.append(time.perf_counter() - t0)
         times.sort()
-        print(f"llama.cpp {a.model}: {npl} seqs, {a.threads} threads: decode step best "
-              f"{times[0] * 1e3:.2f} ms, median {times[len(times) // 2] * 1e3:.2f} ms")
+        best, median = times[0] * 1e3, times[len(times) // 2] * 1e3
+        if a.markdown:
+            print(f"| {npl} | {best:.2f} | {median:.2f} |")
+        else:
+            print(f"llama.cpp {a.model}: {npl} seqs, {a.threads} threads: decode step best "
+                  f"{best:.2f} ms, median {median:.2f} ms")
         L.llama_free(ctx)
     L.llama_model_free(model)
 
