@@ -20,7 +20,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -158,18 +157,6 @@ struct row {
 std::map<std::tuple<std::string, std::string, long>, std::map<std::string, row>> g_rows;
 machine::cpu_times g_t0;
 
-template <class F>
-double best_seconds(F&& f, int reps) {
-  double best = 1e300;
-  for (int r = 0; r < reps; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best,
-                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
 void register_all() {
   struct shape {
     const char* name;
@@ -204,7 +191,7 @@ void register_all() {
                 double best = 0;
                 if (impl == "prepack") {
                   for (auto _ : state) {
-                    best = best_seconds([&] { ours(got.data()); }, reps);
+                    best = machine::best_seconds([&] { ours(got.data()); }, reps);
                     state.SetIterationTime(best);
                   }
                   r.impl = "prepack fused / panel";
@@ -218,7 +205,7 @@ void register_all() {
                       return;
                     }
                     for (auto _ : state) {
-                      best = best_seconds([&] { mm.run(); }, reps);
+                      best = machine::best_seconds([&] { mm.run(); }, reps);
                       state.SetIterationTime(best);
                     }
                   } catch (const dnnl::error& e) {

@@ -25,8 +25,8 @@
 // Writes <report_dir>/serve.md (tables, targets), serve.csv and the chart data (gnuplot:
 // serve.gp draws TTFT p99 against the request rate, one line per method); a run of the
 // quantized family alone writes <report_dir>/quantized-<file>.md instead (the serving report
-// stays), to which bench/llama_cpp_decode.py --markdown appends llama.cpp's steps. --smoke: a tiny model
-// and one rate, for the tests.
+// stays), to which bench/llama_cpp_decode.py --markdown appends llama.cpp's steps. --smoke: a tiny
+// model and one rate, for the tests.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -398,13 +398,7 @@ void register_quantized() {
               prepack::first_fit_decreasing(std::vector<int>(8, 128)), prompts);
           double best = 1e300;
           for (auto _ : state) {
-            for (int k = 0; k < 3; ++k) {
-              const auto t0 = std::chrono::steady_clock::now();
-              (void)m.prefill(l);
-              best = std::min(
-                  best,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-            }
+            best = std::min(best, machine::best_seconds([&] { (void)m.prefill(l); }, 3));
             state.SetIterationTime(best);
           }
           row.prefill_tps = 8 * 128 / best;

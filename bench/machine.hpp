@@ -24,6 +24,20 @@
 
 namespace machine {
 
+// The shortest of `reps` runs of f, in seconds (steady clock): the one least disturbed by
+// whatever else the machine did.
+template <class F>
+double best_seconds(F&& f, int reps) {
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
 // GFLOP/s of `threads` threads doing nothing but independent FMAs for about `seconds`: the
 // best of three, each thread with 16 accumulators (enough to hide the FMA latency).
 inline double fma_peak_gflops(int threads, double seconds = 0.2) {

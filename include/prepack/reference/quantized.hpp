@@ -31,6 +31,18 @@ PREPACK_NAMESPACE_BEGIN
 namespace reference {
 namespace detail {
 
+// The walk of the 32-value block formats' kernels over a row at p (`bytes` a block, nb
+// blocks): pair(q0, q1, b, one) for blocks b and b + 1 at q0 and q1 from block b0 on, two a step
+// (a kernel puts the even block into one accumulator, the odd one into another), then an odd
+// last block alone (q1 = q0, one true).
+template <class Pair>
+inline void for_block_pairs(const unsigned char* p, std::int64_t nb, std::int64_t bytes,
+                            std::int64_t b0, Pair&& pair) {
+  std::int64_t b = b0;
+  for (; b + 2 <= nb; b += 2) pair(p + b * bytes, p + (b + 1) * bytes, b, false);
+  if (b < nb) pair(p + b * bytes, p + b * bytes, b, true);
+}
+
 // Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
 // of Q8_0, Q4_0 or Q4_1 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values
 // widened to fp32 in registers and multiplied with the fp32 activations, never written out as fp32
@@ -298,13 +310,12 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
     };
     fused_vec even[M], odd[M];
     for (int i = 0; i < M; ++i) even[i] = odd[i] = fused_zero();
-    const std::int64_t nb = k / 32;
-    std::int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, p += 2 * block_bytes) {
-      block(p, a + b * 32, even);
-      block(p + block_bytes, a + (b + 1) * 32, odd);
-    }
-    if (b < nb) block(p, a + b * 32, even);
+    for_block_pairs(
+        p, k / 32, block_bytes, 0,
+        [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+          block(q0, a + b * 32, even);
+          if (!one) block(q1, a + (b + 1) * 32, odd);
+        });
     for (int i = 0; i < M; ++i) {
       acc[i][0] = even[i];
       acc[i][1] = odd[i];
@@ -507,12 +518,8 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
       return pair(d0 * ad[i][b], one ? 0.0f : d1 * ad[i][b + 1]);
     };
   };
-  // pair_block(q0, q1, b, one) for blocks b, b + 1 at q0, q1 (`bytes` a block) from block b0 on,
-  // two a step, then an odd last one alone (q1 = q0, one).
   const auto block_pairs = [&](std::int64_t bytes, std::int64_t b0, auto pair_block) {
-    std::int64_t b = b0;
-    for (; b + 2 <= nb; b += 2) pair_block(p + b * bytes, p + (b + 1) * bytes, b, false);
-    if (b < nb) pair_block(p + b * bytes, p + b * bytes, b, true);
+    for_block_pairs(p, nb, bytes, b0, pair_block);
   };
 #if defined(__AVX512VBMI__)
   // Four blocks a step (`bytes` each, 4 bytes <= 128): quad(w, b) with w the 128 bytes from
@@ -802,12 +809,12 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
   // The 32-value block formats (`bytes` a block): block(q, b, accumulator) for every block,
   // two a step, the even one into accumulator 0 and the odd one into 1, then an odd last one.
   const auto two_blocks_a_step = [&](std::int64_t bytes, auto block) {
-    std::int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, p += 2 * bytes) {
-      block(p, b, even{});
-      block(p + bytes, b + 1, odd{});
-    }
-    if (b < nb) block(p, b, even{});
+    for_block_pairs(
+        p, nb, bytes, 0,
+        [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+          block(q0, b, even{});
+          if (!one) block(q1, b + 1, odd{});
+        });
   };
   switch (type) {
     case ggml_type::q8_0:
