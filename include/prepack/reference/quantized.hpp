@@ -185,12 +185,92 @@ inline void q4k_block_scales(const unsigned char* p, float (&out)[16]) noexcept 
       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8)))));
 }
 
+#if defined(__AVX512F__)
+// fused_dot (below) of the 4-bit formats where a vector holds 16 floats: the 16 values a
+// block's nibbles can stand for decoded once into a vector as ggml's dequantize_row_* defines
+// them (Q4_0 d (q - 8); Q4_1 d q + m; Q4_K d sc q - dmin m of each 32-value sub-block, the
+// product and the min fused into one rounding), then 16 nibbles at a time looked up in it
+// (vpermps) and multiplied with each activation row: no widening to fp32 and no scale per value,
+// and the mins are in the values rather than a separate sum of the activations. Four
+// accumulators a row (the 16-value quarters of 64 values), summed as a tree. O(M k).
+template <int M>
+__attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const unsigned char* p,
+                                               std::int64_t k, const float* a, std::int64_t lda,
+                                               float* y) noexcept {
+  const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m512 acc[M][4];
+  for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm512_setzero_ps();
+  // 16 nibbles (one a byte) looked up in `values`, times x[0..16) of each row, into acc u.
+  const auto look = [&](__m128i nibbles, __m512 values, const float* x, int u) {
+    const __m512 w = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nibbles), values);
+    for (int i = 0; i < M; ++i) {
+      acc[i][u] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + i * lda), acc[i][u]);
+    }
+  };
+  const auto low = [&](const unsigned char* q) {
+    return _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), mask);
+  };
+  const auto high = [&](const unsigned char* q) {
+    return _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), 4),
+                         mask);
+  };
+  if (type == checkpoint::ggml_type::q4_k) {  // 256 values: d, dmin, 12 scale bytes, nibbles
+    for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
+      float ds[16];
+      q4k_block_scales(p, ds);
+      for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
+        const unsigned char* nib = p + 16 + 32 * c;
+        const float* x = a + b * 256 + c * 64;
+        const __m512 v0 =
+            _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c]), iota, _mm512_set1_ps(ds[8 + 2 * c]));
+        const __m512 v1 =
+            _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c + 1]), iota, _mm512_set1_ps(ds[9 + 2 * c]));
+        look(low(nib), v0, x, 0);
+        look(low(nib + 16), v0, x + 16, 1);
+        look(high(nib), v1, x + 32, 2);
+        look(high(nib + 16), v1, x + 48, 3);
+      }
+    }
+  } else {  // Q4_0 (18 bytes: d, 16 bytes) or Q4_1 (20: d, m, 16): value j < 16 byte j's low
+    // nibble, j >= 16 byte j - 16's high one; even blocks into accumulators 0, 1, odd into 2, 3
+    const bool q41 = type == checkpoint::ggml_type::q4_1;
+    const std::int64_t bytes = q41 ? 20 : 18;
+    const __m512 iota8 = _mm512_sub_ps(iota, _mm512_set1_ps(8.0f));
+    for (std::int64_t b = 0; b < k / 32; ++b, p += bytes) {
+      const __m512 d = _mm512_set1_ps(fp16_scale(p));
+      const __m512 v = q41 ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(fp16_scale(p + 2)))
+                           : _mm512_mul_ps(d, iota8);
+      const unsigned char* q = p + (q41 ? 4 : 2);
+      if (b % 2 == 0) {
+        look(low(q), v, a + b * 32, 0);
+        look(high(q), v, a + b * 32 + 16, 1);
+      } else {
+        look(low(q), v, a + b * 32, 2);
+        look(high(q), v, a + b * 32 + 16, 3);
+      }
+    }
+  }
+  for (int i = 0; i < M; ++i) {
+    y[i] = fused_sum(_mm512_add_ps(acc[i][0], acc[i][2]), _mm512_add_ps(acc[i][1], acc[i][3]));
+  }
+}
+#endif
+
 // y[i] = a_i . row for M activation rows a[M][k] (lda) and one row of `type` (Q8_0, Q4_0: k a
 // multiple of 32; Q4_K, Q6_K: of 256). Q4_K's values d sc q - dmin m of each 32-value sub-block
-// enter as d sc (q . a) - dmin m (sum of a). O(M k).
+// enter as d sc (q . a) - dmin m (sum of a), where the 4-bit formats are not looked up
+// (fused_dot_lookup, with 512-bit vectors). O(M k).
 template <int M>
 void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k, const float* a,
                std::int64_t lda, float* y) noexcept {
+#if defined(__AVX512F__)
+  if (type == checkpoint::ggml_type::q4_0 || type == checkpoint::ggml_type::q4_1 ||
+      type == checkpoint::ggml_type::q4_k) {
+    fused_dot_lookup<M>(type, p, k, a, lda, y);
+    return;
+  }
+#endif
   fused_vec acc[M][2];
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = fused_zero();
   const __m128i mask = _mm_set1_epi8(0x0F);
