@@ -145,14 +145,15 @@ inline void fused_widen32(__m128i v0, __m128i v1, fused_vec (&q)[fused_per]) noe
 // sum_u q[u] * x[u lanes ...] over 32 values, lane-wise.
 inline fused_vec fused_dot32(const fused_vec (&q)[fused_per], const float* x) noexcept {
   fused_vec t = fused_mul(q[0], fused_load(x));
-  for (int u = 1; u < fused_per; ++u) t = fused_fma(q[u], fused_load(x + u * fused_lanes), t);
+  for (std::ptrdiff_t u = 1; u < fused_per; ++u)
+    t = fused_fma(q[u], fused_load(x + u * fused_lanes), t);
   return t;
 }
 
 // x's 32 values summed lane-wise.
 inline fused_vec fused_sum32(const float* x) noexcept {
   fused_vec t = fused_load(x);
-  for (int u = 1; u < fused_per; ++u) t = fused_add(t, fused_load(x + u * fused_lanes));
+  for (std::ptrdiff_t u = 1; u < fused_per; ++u) t = fused_add(t, fused_load(x + u * fused_lanes));
   return t;
 }
 
@@ -219,7 +220,8 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
     for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
       float ds[16];
       q4k_block_scales(p, ds);
-      for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
+      for (std::ptrdiff_t c = 0; c < 4;
+           ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
         const unsigned char* nib = p + 16 + 32 * c;
         const float* x = a + b * 256 + c * 64;
         const __m512 v0 =
@@ -286,12 +288,12 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
       _mm256_storeu_ps(
           ds16 + 8,
           _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scales, 8)))));
-      for (int half = 0; half < 2; ++half) {
+      for (std::ptrdiff_t half = 0; half < 2; ++half) {
         const unsigned char* ql = p + 64 * half;
         const unsigned char* qh = p + 128 + 32 * half;
         const float* sc = ds16 + 8 * half;
         const std::int64_t off = b * 256 + 128 * half;
-        for (int j = 0; j < 2; ++j) {  // values l in [16 j, 16 j + 16) of each quarter
+        for (std::ptrdiff_t j = 0; j < 2; ++j) {  // values l in [16 j, 16 j + 16) of each quarter
           const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 16 * j));
           const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ql + 32 + 16 * j));
           const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * j));
@@ -303,14 +305,14 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
                            _mm_and_si128(_mm_srli_epi16(h, 2), three0))};
           // Quarters 0 and 2 into one accumulator, 1 and 3 into another (indices known at
           // compile time, so they stay in registers).
-          const auto group = [&](int quarter, int u_acc) {
+          const auto group = [&](std::ptrdiff_t quarter, int u_acc) {
             fused_vec w[fused_per16];
             fused_widen16(_mm_sub_epi8(q6[quarter], bias), w);
             const fused_vec ds = fused_set1(sc[j + 2 * quarter]);
             for (int u = 0; u < fused_per16; ++u) w[u] = fused_mul(w[u], ds);
             const float* x = a + off + 32 * quarter + 16 * j;
             for (int i = 0; i < M; ++i) {
-              for (int u = 0; u < fused_per16; ++u) {
+              for (std::ptrdiff_t u = 0; u < fused_per16; ++u) {
                 acc[i][u_acc] =
                     fused_fma(w[u], fused_load(x + i * lda + u * fused_lanes), acc[i][u_acc]);
               }
@@ -331,7 +333,7 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
       float ds[16];
       q4k_block_scales(p, ds);
       const unsigned char* nib = p + 16;
-      for (int c = 0; c < 4; ++c, nib += 32) {  // 64 values: low nibbles, then high ones
+      for (std::ptrdiff_t c = 0; c < 4; ++c, nib += 32) {  // 64 values: low nibbles, then high ones
         const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
         const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib + 16));
         fused_vec lo[fused_per], hi[fused_per];
@@ -379,7 +381,7 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
       const fused_vec d = fused_set1(fp16_scale(blk));
       fused_vec q[fused_per];
       if (q8) {
-        for (int u = 0; u < fused_per; ++u) q[u] = fused_i8(blk + 2 + u * fused_lanes);
+        for (std::ptrdiff_t u = 0; u < fused_per; ++u) q[u] = fused_i8(blk + 2 + u * fused_lanes);
       } else {  // Q4_0: values j < 16 the low nibbles, j >= 16 the high ones, each minus 8
         const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
         fused_widen32(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16(bytes, 4), mask), q);
@@ -751,7 +753,8 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
               dm, _mm512_permutexvar_ps(to_mins, _mm512_maskz_loadu_ps(0xFF, as[i] + sb * 8)), t[i],
               0xFF00);
         }
-        for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
+        for (std::ptrdiff_t c = 0; c < 4;
+             ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
           const __m256i v = load32(p + 16 + 32 * c);
           unsigned_pair(_mm512_and_si512(halves(v, _mm256_srli_epi16(v, 4)), low4), sb * 8 + 2 * c,
                         false, [&](int i) { return _mm512_permutexvar_ps(subs[c], s[i]); });
@@ -785,7 +788,7 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
           s[i] = _mm512_mul_ps(
               g, _mm512_permutexvar_ps(block_of, _mm512_maskz_loadu_ps(0xFF, ad[i] + sb * 8)));
         }
-        for (int half = 0; half < 2; ++half) {
+        for (std::ptrdiff_t half = 0; half < 2; ++half) {
           const __m256i h = load32(p + 128 + 32 * half);
           const __m512i lh = _mm512_loadu_si512(p + 64 * half);  // [low bytes | high bytes]
           const __m512i ha = halves(_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 2));
@@ -919,7 +922,8 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
         float dsc[8], dmn[8];
         q4k_scales(p, int8_fp16(p), int8_fp16(p + 2), dsc, dmn);
-        for (int c = 0; c < 4; ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
+        for (std::ptrdiff_t c = 0; c < 4;
+             ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * c));
           const std::int64_t b = sb * 8 + 2 * c;
           unsigned_block(_mm256_and_si256(v, low4), b, dsc[2 * c], even{});
@@ -934,7 +938,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
         const float d = int8_fp16(p + 208);
         const auto* scales = reinterpret_cast<const std::int8_t*>(p + 192);
-        for (int half = 0; half < 2; ++half) {
+        for (std::ptrdiff_t half = 0; half < 2; ++half) {
           const auto* ql = reinterpret_cast<const __m256i*>(p + 64 * half);
           const __m256i lo = _mm256_loadu_si256(ql), hi = _mm256_loadu_si256(ql + 1);
           const __m256i h =
@@ -949,7 +953,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
               _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(hi, 4), low4),
                               _mm256_and_si256(_mm256_srli_epi16(h, 2), three0))};
           const std::int8_t* sc = scales + 8 * half;
-          const auto quarter = [&](int qr, auto u_acc) {  // values [32 qr, 32 qr + 32)
+          const auto quarter = [&](std::ptrdiff_t qr, auto u_acc) {  // values [32 qr, 32 qr + 32)
             constexpr int U = decltype(u_acc)::value;
             const __m256i w = _mm256_sub_epi8(q6[qr], bias);
             const __m256i aw = _mm256_sign_epi8(w, w);
