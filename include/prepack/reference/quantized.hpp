@@ -199,39 +199,42 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
                                                std::int64_t k, const float* a, std::int64_t lda,
                                                float* y) noexcept {
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  const __m128i mask = _mm_set1_epi8(0x0F);
   __m512 acc[M][4];
   for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = _mm512_setzero_ps();
-  // 16 nibbles (one a byte) looked up in `values`, times x[0..16) of each row, into acc u.
-  const auto look = [&](__m128i nibbles, __m512 values, const float* x, int u) {
-    const __m512 w = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nibbles), values);
+  // 16 indices (one a lane: permutexvar reads its low 4 bits) looked up in `values`, times
+  // x[0..16) of each row, into acc u.
+  const auto look = [&](__m512i index, __m512 values, const float* x, int u) {
+    const __m512 w = _mm512_permutexvar_ps(index, values);
     for (int i = 0; i < M; ++i) {
       acc[i][u] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + i * lda), acc[i][u]);
     }
   };
-  const auto low = [&](const unsigned char* q) {
-    return _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), mask);
+  // 16 nibble bytes widened one a lane: the low nibbles index as they are, the high ones
+  // shifted down (one widening for both, no masks).
+  const auto bytes16 = [](const unsigned char* q) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
   };
-  const auto high = [&](const unsigned char* q) {
-    return _mm_and_si128(_mm_srli_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)), 4),
-                         mask);
-  };
+  const auto high = [](__m512i b) { return _mm512_srli_epi32(b, 4); };
   if (type == checkpoint::ggml_type::q4_k) {  // 256 values: d, dmin, 12 scale bytes, nibbles
     for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
-      float ds[16];
-      q4k_block_scales(p, ds);
+      // d sc_j (lanes 0-7) and -dmin m_j (8-15), each product rounded once (q4k_block_scales)
+      alignas(64) float ds[16];
+      _mm512_store_ps(
+          ds, _mm512_mul_ps(_mm512_insertf32x8(_mm512_set1_ps(fp16_scale(p)),
+                                               _mm256_set1_ps(-fp16_scale(p + 2)), 1),
+                            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scale_bytes(p + 4)))));
       for (std::ptrdiff_t c = 0; c < 4;
            ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
         const unsigned char* nib = p + 16 + 32 * c;
         const float* x = a + b * 256 + c * 64;
-        const __m512 v0 =
-            _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c]), iota, _mm512_set1_ps(ds[8 + 2 * c]));
-        const __m512 v1 =
-            _mm512_fmadd_ps(_mm512_set1_ps(ds[2 * c + 1]), iota, _mm512_set1_ps(ds[9 + 2 * c]));
-        look(low(nib), v0, x, 0);
-        look(low(nib + 16), v0, x + 16, 1);
-        look(high(nib), v1, x + 32, 2);
-        look(high(nib + 16), v1, x + 48, 3);
+        const auto lane = [&](std::ptrdiff_t j) { return _mm512_set1_ps(ds[j]); };
+        const __m512 v0 = _mm512_fmadd_ps(lane(2 * c), iota, lane(8 + 2 * c));
+        const __m512 v1 = _mm512_fmadd_ps(lane(2 * c + 1), iota, lane(9 + 2 * c));
+        const __m512i n0 = bytes16(nib), n1 = bytes16(nib + 16);
+        look(n0, v0, x, 0);
+        look(n1, v0, x + 16, 1);
+        look(high(n0), v1, x + 32, 2);
+        look(high(n1), v1, x + 48, 3);
       }
     }
   } else {  // Q4_0 (18 bytes: d, 16 bytes) or Q4_1 (20: d, m, 16): value j < 16 byte j's low
@@ -244,12 +247,13 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
       const __m512 v = q41 ? _mm512_fmadd_ps(d, iota, _mm512_set1_ps(fp16_scale(p + 2)))
                            : _mm512_mul_ps(d, iota8);
       const unsigned char* q = p + (q41 ? 4 : 2);
+      const __m512i n = bytes16(q);
       if (b % 2 == 0) {
-        look(low(q), v, a + b * 32, 0);
-        look(high(q), v, a + b * 32 + 16, 1);
+        look(n, v, a + b * 32, 0);
+        look(high(n), v, a + b * 32 + 16, 1);
       } else {
-        look(low(q), v, a + b * 32, 2);
-        look(high(q), v, a + b * 32 + 16, 3);
+        look(n, v, a + b * 32, 2);
+        look(high(n), v, a + b * 32 + 16, 3);
       }
     }
   }
@@ -427,8 +431,14 @@ struct int8_rows {
   std::int64_t rows = 0, cols = 0;
   std::vector<std::int8_t> q;  // [rows][cols]
   std::vector<float> d, s;     // [rows][cols / 32]  each block's scale and exact sum
+  // [rows][cols / 4]  minus the sum of each 4 consecutive values of q: where weights are dotted
+  // as unsigned bytes u = w + o, o times these are what a lane's dot of u starts from so that
+  // it sums w . q (int8_dot512 with VNNI)
+  std::vector<std::int32_t> n4;
 
-  std::size_t bytes() const noexcept { return q.size() + (d.size() + s.size()) * sizeof(float); }
+  std::size_t bytes() const noexcept {
+    return q.size() + (d.size() + s.size()) * sizeof(float) + n4.size() * sizeof(std::int32_t);
+  }
 
   /// Sized for m rows of k values, k a multiple of 32 (the buffers only grow); quantize_row
   /// then fills each row. Cost: an allocation where the buffers grow.
@@ -436,7 +446,10 @@ struct int8_rows {
     rows = m;
     cols = k;
     const std::size_t n = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
-    if (q.size() < n) q.resize(n);
+    if (q.size() < n) {
+      q.resize(n);
+      n4.resize(n / 4);
+    }
     if (d.size() < n / 32) {
       d.resize(n / 32);
       s.resize(n / 32);
@@ -446,6 +459,7 @@ struct int8_rows {
   /// to +-127 (NaN to -127) rather than to undefined bytes. Cost: O(cols).
   void quantize_row(std::int64_t r, const float* x) noexcept {
     std::int8_t* qr = q.data() + r * cols;
+    std::int32_t* nr = n4.data() + r * (cols / 4);
     float* dr = d.data() + r * (cols / 32);
     float* sr = s.data() + r * (cols / 32);
     for (std::int64_t b = 0; b < cols / 32; ++b) {
@@ -464,6 +478,10 @@ struct int8_rows {
       }
       dr[b] = db;
       sr[b] = sum;
+    }
+    for (std::int64_t l = 0; l < cols / 4; ++l) {
+      const std::int8_t* v = qr + 4 * l;
+      nr[l] = -(v[0] + v[1] + v[2] + v[3]);
     }
   }
 };
@@ -539,6 +557,10 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
   const std::int8_t* aq[M];
   const float* ad[M];
   const float* as[M];
+#if defined(__AVX512VNNI__)
+  const std::int32_t* an[M];
+  for (int i = 0; i < M; ++i) an[i] = a.n4.data() + (i0 + i) * (a.cols / 4);
+#endif
   __m512 acc[M];
   float tails[M][8];  // Q4_1's and Q4_K's mins times the blocks' sums (int8_tail)
   for (int i = 0; i < M; ++i) {
@@ -584,6 +606,22 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
   const auto unsigned_pair = [&](__m512i u, std::int64_t b, bool one, auto scale) {
     for (int i = 0; i < M; ++i) add(i, int8_dot_us512(u, act2(i, b, one)), scale(i), one);
   };
+  // Q4_0's nibbles u = w + 8 (unsigned) against blocks b, b + 1. With VNNI each lane's dot
+  // starts from 8 times minus the sum of its 4 activations (int8_rows::n4), so it ends at w . a,
+  // the same integer signed_pair gives, in one instruction instead of five (Q4_0 decode 8%
+  // faster; Q8_0's and Q6_K's bytes, loaded a pair at a time, measured slower or level so);
+  // without, signed_pair on w.
+  const auto offset8_pair = [&](__m512i u, std::int64_t b, bool one, auto scale) {
+#if defined(__AVX512VNNI__)
+    for (int i = 0; i < M; ++i) {
+      const __m512i o = _mm512_slli_epi32(
+          _mm512_maskz_loadu_epi32(one ? __mmask16{0x00FF} : __mmask16{0xFFFF}, an[i] + b * 8), 3);
+      add(i, _mm512_dpbusd_epi32(o, u, act2(i, b, one)), scale(i), one);
+    }
+#else
+    signed_pair(_mm512_sub_epi8(u, _mm512_set1_epi8(8)), b, one, scale);
+#endif
+  };
   // The 16 nibble bytes of blocks b and b + 1 at q0, q1: [q0's low | q0's high | q1's low |
   // q1's high] nibbles, the order of their 64 activations.
   const auto nibbles2 = [&](const unsigned char* q0, const unsigned char* q1) {
@@ -599,9 +637,6 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
     return [&ad, &pair, d0, d1, b, one](int i) {
       return pair(d0 * ad[i][b], one ? 0.0f : d1 * ad[i][b + 1]);
     };
-  };
-  const auto block_pairs = [&](std::int64_t bytes, std::int64_t b0, auto pair_block) {
-    for_block_pairs(p, nb, bytes, b0, pair_block);
   };
 #if defined(__AVX512VBMI__)
   // Four blocks a step (`bytes` each, 4 bytes <= 128): quad(w, b) with w the 128 bytes from
@@ -662,16 +697,16 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
                     [&](int i) { return spread(s[i], last2); });
       });
 #endif
-      block_pairs(34, b0,
-                  [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
-                    signed_pair(halves(load32(q0 + 2), load32(q1 + 2)), b, one,
-                                block_scales(q0, q1, b, one));
-                  });
+      for_block_pairs(
+          p, nb, 34, b0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            signed_pair(halves(load32(q0 + 2), load32(q1 + 2)), b, one,
+                        block_scales(q0, q1, b, one));
+          });
       break;
     }
     case ggml_type::q4_0: {
       std::int64_t b0 = 0;
-      const __m512i eight = _mm512_set1_epi8(8);
 #if defined(__AVX512VBMI__)
       const __m512i scale_at = gather_index(18, 0, 2), nibbles_at = gather_index(18, 2, 16);
       b0 = block_quads(18, [&](const __m512i(&w)[2], std::int64_t b) {
@@ -679,17 +714,15 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
         quad_scales(w, scale_at, b, s);
         __m512i q[2];
         split(_mm512_permutex2var_epi8(w[0], nibbles_at, w[1]), q);
-        signed_pair(_mm512_sub_epi8(q[0], eight), b, false,
-                    [&](int i) { return spread(s[i], first2); });
-        signed_pair(_mm512_sub_epi8(q[1], eight), b + 2, false,
-                    [&](int i) { return spread(s[i], last2); });
+        offset8_pair(q[0], b, false, [&](int i) { return spread(s[i], first2); });
+        offset8_pair(q[1], b + 2, false, [&](int i) { return spread(s[i], last2); });
       });
 #endif
-      block_pairs(18, b0,
-                  [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
-                    signed_pair(_mm512_sub_epi8(nibbles2(q0 + 2, q1 + 2), eight), b, one,
-                                block_scales(q0, q1, b, one));
-                  });
+      for_block_pairs(
+          p, nb, 18, b0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            offset8_pair(nibbles2(q0 + 2, q1 + 2), b, one, block_scales(q0, q1, b, one));
+          });
       break;
     }
     case ggml_type::q4_1: {
@@ -723,12 +756,13 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
         _mm_storeu_ps(tails[i] + 4, t[i][1]);
       }
 #endif
-      block_pairs(20, b0,
-                  [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
-                    unsigned_pair(nibbles2(q0 + 4, q1 + 4), b, one, block_scales(q0, q1, b, one));
-                    mins(q0, b);
-                    if (!one) mins(q1, b + 1);
-                  });
+      for_block_pairs(
+          p, nb, 20, b0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            unsigned_pair(nibbles2(q0 + 4, q1 + 4), b, one, block_scales(q0, q1, b, one));
+            mins(q0, b);
+            if (!one) mins(q1, b + 1);
+          });
       break;
     }
     case ggml_type::q4_k: {
