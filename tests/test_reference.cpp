@@ -568,20 +568,21 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
 // layer's segments, in that order), and each row's values computed here in double from the bytes
 // by ggml's definitions (dequantize_row_q8_0: d q; q4_0: d (q - 8); q4_1: d q + m; q4_K:
 // d sc q - dmin m with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per
-// 64 values; q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales), with the part
-// of each value that is an offset rather than a multiple of q.
+// 64 values; q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales; with `q5k` also
+// Q5_K rows last, q5_K: Q4_K's values plus 16 where bit j of qh[l] is set), with the part of each
+// value that is an offset rather than a multiple of q.
 struct quantized_layer_case {
   std::vector<ref::quantized_matrix> segs;
   std::vector<std::vector<double>> w;       // [row][k]
   std::vector<std::vector<double>> offset;  // [row][k]  the part of w not scaled by q: Q4_1's m,
                                             // Q4_K's -dmin m (0 for the other types)
 };
-quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
+quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, bool q5k = false) {
   using prepack::checkpoint::ggml_type;
   // the K-quants' 256-value blocks only where k holds them
   const bool k_quants = k % 256 == 0;
   const Eigen::Index rows8 = 7, rows4 = 6, rowsk = k_quants ? 5 : 0, rows6 = k_quants ? 4 : 0,
-                     rows1 = 3;
+                     rows1 = 3, rows5 = k_quants && q5k ? 5 : 0;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
@@ -592,8 +593,10 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
                               : t == ggml_type::q4_0 ? 18
                               : t == ggml_type::q4_1 ? 20
                               : t == ggml_type::q4_k ? 144
+                              : t == ggml_type::q5_k ? 176
                                                      : 210;
-    const Eigen::Index values = t == ggml_type::q4_k || t == ggml_type::q6_k ? 256 : 32;
+    const Eigen::Index values =
+        t == ggml_type::q4_k || t == ggml_type::q5_k || t == ggml_type::q6_k ? 256 : 32;
     std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / values) * bytes);
     for (std::size_t i = 0; i < b.size(); i += bytes) {
       for (std::size_t j = 0; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
@@ -601,16 +604,18 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
       if (t == ggml_type::q6_k) {
         fp16(&b[i + 208], d / 64);  // d last; the int8 scales stay random
       } else {
-        fp16(&b[i], t == ggml_type::q4_k ? d / 64 : d);
+        fp16(&b[i], t == ggml_type::q4_k || t == ggml_type::q5_k ? d / 64 : d);
       }
-      if (t == ggml_type::q4_k) fp16(&b[i + 2], 0.002f * static_cast<float>(rng() % 8));
+      if (t == ggml_type::q4_k || t == ggml_type::q5_k) {
+        fp16(&b[i + 2], 0.002f * static_cast<float>(rng() % 8));
+      }
       if (t == ggml_type::q4_1) fp16(&b[i + 2], 0.05f * static_cast<float>(rng() % 9) - 0.2f);
     }
     return b;
   };
   const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4),
              bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6),
-             b1 = blocks(ggml_type::q4_1, rows1);
+             b1 = blocks(ggml_type::q4_1, rows1), b5 = blocks(ggml_type::q5_k, rows5);
   // The rows' values by the definitions, in double.
   std::vector<std::vector<double>> w, offsets;
   for (Eigen::Index r = 0; r < rows8; ++r) {
@@ -709,6 +714,33 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
     w.push_back(row);
     offsets.push_back(off.empty() ? std::vector<double>(static_cast<std::size_t>(k)) : off);
   }
+  for (Eigen::Index r = 0; r < rows5; ++r) {  // dequantize_row_q5_K
+    std::vector<double> off;
+    std::vector<double> row;
+    for (Eigen::Index b = 0; b < k / 256; ++b) {
+      const unsigned char* p = b5.data() + static_cast<std::size_t>(r * k / 256 + b) * 176;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      const double dmin = prepack::half::to_float(static_cast<std::uint16_t>(p[2] | (p[3] << 8)));
+      const unsigned char* qh = p + 16;
+      for (int c = 0; c < 4; ++c) {
+        int s1, m1, s2, m2;
+        scale_min(2 * c, p + 4, s1, m1);
+        scale_min(2 * c + 1, p + 4, s2, m2);
+        const unsigned char* q = p + 48 + 32 * c;
+        const int u1 = 1 << (2 * c), u2 = 2 << (2 * c);
+        for (int l = 0; l < 32; ++l) {
+          row.push_back(d * s1 * ((q[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - dmin * m1);
+        }
+        for (int l = 0; l < 32; ++l) {
+          row.push_back(d * s2 * ((q[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - dmin * m2);
+        }
+        off.insert(off.end(), 32, -dmin * m1);
+        off.insert(off.end(), 32, -dmin * m2);
+      }
+    }
+    w.push_back(row);
+    offsets.push_back(off);
+  }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
@@ -722,17 +754,22 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k) {
     segs.push_back(
         ref::quantized_matrix::from_bytes(ggml_type::q6_k, rows6, k, b6.data(), b6.size(), "q6k"));
   }
+  if (rows5 > 0) {
+    segs.push_back(
+        ref::quantized_matrix::from_bytes(ggml_type::q5_k, rows5, k, b5.data(), b5.size(), "q5k"));
+  }
   return {std::move(segs), std::move(w), std::move(offsets)};
 }
 
-// A layer of Q8_0, Q4_0, Q4_1, Q4_K and Q6_K rows (random_quantized_layer) multiplies like the
-// values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from the
-// blocks, four rows a pass: 5 and 8 take two) and at 9 and 17 (decoded rows, decoded panels),
+// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and Q5_K rows (random_quantized_layer) multiplies like
+// the values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from the
+// blocks, four rows a pass: 5 and 8 take two; Q5_K on AVX-512 only) and at 9 and 17 (decoded
+// rows, decoded panels),
 // with and without accumulating, on 1 and 2 threads.
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   std::mt19937 rng(23);
   const Eigen::Index k = 512;
-  quantized_layer_case lc = random_quantized_layer(rng, k);
+  quantized_layer_case lc = random_quantized_layer(rng, k, true);
   const std::vector<std::vector<double>>& w = lc.w;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
   const ref::linear layer(std::move(lc.segs), ref::vector());

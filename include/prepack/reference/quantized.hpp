@@ -26,6 +26,12 @@
 #else
 #define PREPACK_FUSED_DOT 0
 #endif
+// fused_dot looks values up (fused_dot_lookup) where a vector holds 16 floats.
+#if PREPACK_FUSED_DOT && defined(__AVX512F__)
+#define PREPACK_FUSED_LOOKUP 1
+#else
+#define PREPACK_FUSED_LOOKUP 0
+#endif
 
 PREPACK_NAMESPACE_BEGIN
 namespace reference {
@@ -215,19 +221,57 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
   };
   const auto high = [](__m512i b) { return _mm512_srli_epi32(b, 4); };
-  if (type == checkpoint::ggml_type::q4_k) {  // 256 values: d, dmin, 12 scale bytes, nibbles
-    for (std::int64_t b = 0; b < k / 256; ++b, p += 144) {
+  if (type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q5_k) {
+    // 256 values: d, dmin, 12 scale bytes, (Q5_K: 32 bytes of fifth bits,) 128 nibble bytes
+    const bool q5 = type == checkpoint::ggml_type::q5_k;
+    const std::int64_t bytes = q5 ? 176 : 144;
+    const __m512 iota16 = _mm512_add_ps(iota, _mm512_set1_ps(16.0f));
+    const __m512i bit4 = _mm512_set1_epi32(16);
+    // Q5_K's 32 values a sub-block can stand for, looked up by 5-bit indices in two vectors
+    const auto look32 = [&](__m512i index, __m512 lo, __m512 hi, const float* x, int u) {
+      const __m512 w = _mm512_permutex2var_ps(lo, index, hi);
+      for (int i = 0; i < M; ++i) {
+        acc[i][u] = _mm512_fmadd_ps(w, _mm512_loadu_ps(x + i * lda), acc[i][u]);
+      }
+    };
+    // index bits 0-3 from n, bit 4 from t (bits above 4 are not read)
+    const auto fifth = [&](__m512i n, __m512i t) {
+      return _mm512_ternarylogic_epi32(bit4, t, n, 0xCA);
+    };
+    for (std::int64_t b = 0; b < k / 256; ++b, p += bytes) {
       // d sc_j (lanes 0-7) and -dmin m_j (8-15), each product rounded once (q4k_block_scales)
       alignas(64) float ds[16];
       _mm512_store_ps(
           ds, _mm512_mul_ps(_mm512_insertf32x8(_mm512_set1_ps(fp16_scale(p)),
                                                _mm256_set1_ps(-fp16_scale(p + 2)), 1),
                             _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_scale_bytes(p + 4)))));
+      const auto lane = [&](std::ptrdiff_t j) { return _mm512_set1_ps(ds[j]); };
+      if (q5) {
+        // dequantize_row_q5_K: value l of sub-block j is (its nibble | bit j of qh[l] << 4)
+        // d sc_j - dmin m_j; t* hold qh[l] << 4 >> j, bit j at bit 4
+        __m512i t0 = _mm512_slli_epi32(bytes16(p + 16), 4),
+                t1 = _mm512_slli_epi32(bytes16(p + 32), 4);
+        for (std::ptrdiff_t c = 0; c < 4; ++c) {
+          const unsigned char* nib = p + 48 + 32 * c;
+          const float* x = a + b * 256 + c * 64;
+          const __m512 d0 = lane(2 * c), m0 = lane(8 + 2 * c);
+          const __m512 d1 = lane(2 * c + 1), m1 = lane(9 + 2 * c);
+          const __m512 v0 = _mm512_fmadd_ps(d0, iota, m0), w0 = _mm512_fmadd_ps(d0, iota16, m0);
+          const __m512 v1 = _mm512_fmadd_ps(d1, iota, m1), w1 = _mm512_fmadd_ps(d1, iota16, m1);
+          const __m512i n0 = bytes16(nib), n1 = bytes16(nib + 16);
+          look32(fifth(n0, t0), v0, w0, x, 0);
+          look32(fifth(n1, t1), v0, w0, x + 16, 1);
+          look32(fifth(high(n0), _mm512_srli_epi32(t0, 1)), v1, w1, x + 32, 2);
+          look32(fifth(high(n1), _mm512_srli_epi32(t1, 1)), v1, w1, x + 48, 3);
+          t0 = _mm512_srli_epi32(t0, 2);
+          t1 = _mm512_srli_epi32(t1, 2);
+        }
+        continue;
+      }
       for (std::ptrdiff_t c = 0; c < 4;
            ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
         const unsigned char* nib = p + 16 + 32 * c;
         const float* x = a + b * 256 + c * 64;
-        const auto lane = [&](std::ptrdiff_t j) { return _mm512_set1_ps(ds[j]); };
         const __m512 v0 = _mm512_fmadd_ps(lane(2 * c), iota, lane(8 + 2 * c));
         const __m512 v1 = _mm512_fmadd_ps(lane(2 * c + 1), iota, lane(9 + 2 * c));
         const __m512i n0 = bytes16(nib), n1 = bytes16(nib + 16);
@@ -272,7 +316,7 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
                std::int64_t lda, float* y) noexcept {
 #if defined(__AVX512F__)
   if (type == checkpoint::ggml_type::q4_0 || type == checkpoint::ggml_type::q4_1 ||
-      type == checkpoint::ggml_type::q4_k) {
+      type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q5_k) {
     fused_dot_lookup<M>(type, p, k, a, lda, y);
     return;
   }
@@ -1094,12 +1138,14 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
 #endif
 }
 
-/// Whether rows of `type` dot straight from their blocks on this build (fused_dot).
+/// Whether rows of `type` dot straight from their blocks on this build (fused_dot; Q5_K only
+/// where it looks values up).
 constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
   return PREPACK_FUSED_DOT &&
          (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
           type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
-          type == checkpoint::ggml_type::q6_k);
+          type == checkpoint::ggml_type::q6_k ||
+          (PREPACK_FUSED_LOOKUP && type == checkpoint::ggml_type::q5_k));
 }
 
 }  // namespace detail
