@@ -463,7 +463,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 // also keeps each block's exact fp32 sum s_b. Weight blocks then dot in integers, exactly:
 //   Q8_0, Q4_0   d_w d_b (w . q)
 //   Q4_1         d_w d_b (n . q) + m_w s_b
-//   Q4_K         d sc_j d_b (n . q) - dmin m_j s_b        (32-value sub-block j)
+//   Q4_K, Q5_K   d sc_j d_b (n . q) - dmin m_j s_b        (32-value sub-block j; Q5_K's n
+//                                                          with its fifth bit)
 //   Q6_K         d_b (d sc_g (w . q) over its two 16-value groups g)
 // so a dot differs from the fp32 one by at most sum_b d_b / 2 sum_{i in b} |w_i - o_i| (o_i the
 // value's offset, Q4_1's m_w or Q4_K's -dmin m_j, which meets the exact sums; the bound the
@@ -534,7 +535,7 @@ struct int8_rows {
 constexpr bool int8_dot_type(checkpoint::ggml_type type) noexcept {
   return type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
          type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
-         type == checkpoint::ggml_type::q6_k;
+         type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q6_k;
 }
 
 // The scalar terms of a row's dot (Q4_1's m_w s_b, Q4_K's -dmin m_j s_b) are summed in 8
@@ -809,7 +810,13 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
           });
       break;
     }
-    case ggml_type::q4_k: {
+    case ggml_type::q4_k:
+    case ggml_type::q5_k: {
+      // Q5_K: Q4_K's scales and nibbles (after 32 bytes of fifth bits: bit j of byte l is value
+      // l's of sub-block j), each value its nibble + 16 where that bit is set
+      const bool q5 = type == ggml_type::q5_k;
+      const std::int64_t bytes = q5 ? 176 : 144;
+      const __m512i bit4 = _mm512_set1_epi8(0x10);
       // lanes of sub-blocks 2c and 2c + 1 (c = 0 .. 3), from a vector of the 8 sub-blocks'
       const __m512i subs[4] = {_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
                                _mm512_set_epi32(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2),
@@ -818,7 +825,7 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
       const __m512i to_mins = _mm512_set_epi32(7, 6, 5, 4, 3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0);
       __m512 t[M];  // lanes 8-15: the chains of tails
       for (int i = 0; i < M; ++i) t[i] = _mm512_setzero_ps();
-      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += bytes) {
         const __m128i sm = q4k_scale_bytes(p + 4);
         // lanes 0-7: d sc_j, 8-15: dmin m_j (each product rounded once)
         const __m512 dm = _mm512_mul_ps(pair(int8_fp16(p), int8_fp16(p + 2)),
@@ -831,11 +838,20 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
               dm, _mm512_permutexvar_ps(to_mins, _mm512_maskz_loadu_ps(0xFF, as[i] + sb * 8)), t[i],
               0xFF00);
         }
+        // Q5_K: the fifth bits of sub-blocks 2c (low half) and 2c + 1 (high), at bit 0 of each
+        // byte at step c (16-bit shifts: a byte's bit 0 is its own bit 2c or 2c + 1)
+        const __m256i h = q5 ? load32(p + 16) : _mm256_setzero_si256();
+        __m512i fifth = halves(h, _mm256_srli_epi16(h, 1));
         for (std::ptrdiff_t c = 0; c < 4;
              ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
-          const __m256i v = load32(p + 16 + 32 * c);
-          unsigned_pair(_mm512_and_si512(halves(v, _mm256_srli_epi16(v, 4)), low4), sb * 8 + 2 * c,
-                        false, [&](int i) { return _mm512_permutexvar_ps(subs[c], s[i]); });
+          const __m256i v = load32(p + (q5 ? 48 : 16) + 32 * c);
+          __m512i u = _mm512_and_si512(halves(v, _mm256_srli_epi16(v, 4)), low4);
+          if (q5) {
+            u = _mm512_or_si512(u, _mm512_and_si512(_mm512_slli_epi16(fifth, 4), bit4));
+            fifth = _mm512_srli_epi16(fifth, 2);
+          }
+          unsigned_pair(u, sb * 8 + 2 * c, false,
+                        [&](int i) { return _mm512_permutexvar_ps(subs[c], s[i]); });
         }
       }
       for (int i = 0; i < M; ++i) {
@@ -997,20 +1013,36 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       });
       break;
     case ggml_type::q4_k:
-      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
+    case ggml_type::q5_k: {
+      // Q5_K: Q4_K's scales and nibbles after 32 bytes of fifth bits (bit j of byte l: value
+      // l's of sub-block j), each value its nibble + 16 where that bit is set
+      const bool q5 = type == ggml_type::q5_k;
+      const __m256i bit4 = _mm256_set1_epi8(0x10);
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += q5 ? 176 : 144) {
         float dsc[8], dmn[8];
         q4k_scales(p, int8_fp16(p), int8_fp16(p + 2), dsc, dmn);
+        // at step c, bit 0 of each byte its bit 2c (16-bit shifts keep a byte's own bits there)
+        __m256i fifth = q5 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16))
+                           : _mm256_setzero_si256();
         for (std::ptrdiff_t c = 0; c < 4;
              ++c) {  // 32 bytes: sub-block 2c's low nibbles, 2c + 1's high
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * c));
+          const __m256i v =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + (q5 ? 48 : 16) + 32 * c));
+          __m256i lo = _mm256_and_si256(v, low4),
+                  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          if (q5) {
+            lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(fifth, 4), bit4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(fifth, 3), bit4));
+            fifth = _mm256_srli_epi16(fifth, 2);
+          }
           const std::int64_t b = sb * 8 + 2 * c;
-          unsigned_block(_mm256_and_si256(v, low4), b, dsc[2 * c], even{});
-          unsigned_block(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4), b + 1, dsc[2 * c + 1],
-                         odd{});
+          unsigned_block(lo, b, dsc[2 * c], even{});
+          unsigned_block(hi, b + 1, dsc[2 * c + 1], odd{});
         }
         q4k_mins(sb, dmn);
       }
       break;
+    }
     case ggml_type::q6_k: {
       const __m256i three0 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
@@ -1095,12 +1127,17 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       break;
     }
     case ggml_type::q4_k:
-      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 144) {
+    case ggml_type::q5_k: {
+      const bool q5 = type == ggml_type::q5_k;
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += q5 ? 176 : 144) {
         float dsc[8], dmn[8];
         q4k_scales(p, fp16(p), fp16(p + 2), dsc, dmn);
         for (int c = 0; c < 4; ++c) {
           for (int hi = 0; hi < 2; ++hi) {
-            for (int j = 0; j < 32; ++j) w[j] = (p[16 + 32 * c + j] >> (4 * hi)) & 0x0F;
+            for (int j = 0; j < 32; ++j) {
+              w[j] = (p[(q5 ? 48 : 16) + 32 * c + j] >> (4 * hi)) & 0x0F;
+              if (q5) w[j] |= ((p[16 + j] >> (2 * c + hi)) & 1) << 4;
+            }
             const std::int64_t b = sb * 8 + std::int64_t{2} * c + hi;
             for (int i = 0; i < M; ++i) y[i] += dsc[2 * c + hi] * ad[i][b] * dot(i, b, w, 32, 0);
           }
@@ -1108,6 +1145,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         q4k_mins(sb, dmn);
       }
       break;
+    }
     case ggml_type::q6_k:
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
         const float d = fp16(p + 208);
