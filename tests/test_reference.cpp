@@ -569,20 +569,22 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
 // by ggml's definitions (dequantize_row_q8_0: d q; q4_0: d (q - 8); q4_1: d q + m; q4_K:
 // d sc q - dmin m with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per
 // 64 values; q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales; with `q5k` also
-// Q5_K rows last, q5_K: Q4_K's values plus 16 where bit j of qh[l] is set), with the part of each
-// value that is an offset rather than a multiple of q.
+// Q5_K rows, q5_K: Q4_K's values plus 16 where bit j of qh[l] is set; with `q3k` then Q3_K rows,
+// q3_K: d (sc - 32) (2 bits - 4 where the high bit is clear), 16-value groups of 6-bit scales),
+// with the part of each value that is an offset rather than a multiple of q.
 struct quantized_layer_case {
   std::vector<ref::quantized_matrix> segs;
   std::vector<std::vector<double>> w;       // [row][k]
   std::vector<std::vector<double>> offset;  // [row][k]  the part of w not scaled by q: Q4_1's m,
                                             // Q4_K's -dmin m (0 for the other types)
 };
-quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, bool q5k = false) {
+quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, bool q5k = false,
+                                            bool q3k = false) {
   using prepack::checkpoint::ggml_type;
   // the K-quants' 256-value blocks only where k holds them
   const bool k_quants = k % 256 == 0;
   const Eigen::Index rows8 = 7, rows4 = 6, rowsk = k_quants ? 5 : 0, rows6 = k_quants ? 4 : 0,
-                     rows1 = 3, rows5 = k_quants && q5k ? 5 : 0;
+                     rows1 = 3, rows5 = k_quants && q5k ? 5 : 0, rows3 = k_quants && q3k ? 5 : 0;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
@@ -594,15 +596,20 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
                               : t == ggml_type::q4_1 ? 20
                               : t == ggml_type::q4_k ? 144
                               : t == ggml_type::q5_k ? 176
+                              : t == ggml_type::q3_k ? 110
                                                      : 210;
     const Eigen::Index values =
-        t == ggml_type::q4_k || t == ggml_type::q5_k || t == ggml_type::q6_k ? 256 : 32;
+        t == ggml_type::q4_k || t == ggml_type::q5_k || t == ggml_type::q6_k || t == ggml_type::q3_k
+            ? 256
+            : 32;
     std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / values) * bytes);
     for (std::size_t i = 0; i < b.size(); i += bytes) {
       for (std::size_t j = 0; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
       const float d = 0.01f * static_cast<float>(1 + rng() % 50) * (rng() % 2 ? 1.0f : -1.0f);
       if (t == ggml_type::q6_k) {
         fp16(&b[i + 208], d / 64);  // d last; the int8 scales stay random
+      } else if (t == ggml_type::q3_k) {
+        fp16(&b[i + 108], d / 32);  // d last; the 6-bit scales stay random
       } else {
         fp16(&b[i], t == ggml_type::q4_k || t == ggml_type::q5_k ? d / 64 : d);
       }
@@ -615,7 +622,8 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
   };
   const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4),
              bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6),
-             b1 = blocks(ggml_type::q4_1, rows1), b5 = blocks(ggml_type::q5_k, rows5);
+             b1 = blocks(ggml_type::q4_1, rows1), b5 = blocks(ggml_type::q5_k, rows5),
+             b3 = blocks(ggml_type::q3_k, rows3);
   // The rows' values by the definitions, in double.
   std::vector<std::vector<double>> w, offsets;
   for (Eigen::Index r = 0; r < rows8; ++r) {
@@ -741,6 +749,36 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
     w.push_back(row);
     offsets.push_back(off);
   }
+  for (Eigen::Index r = 0; r < rows3; ++r) {  // dequantize_row_q3_K
+    std::vector<double> row;
+    for (Eigen::Index b = 0; b < k / 256; ++b) {
+      const unsigned char* p = b3.data() + static_cast<std::size_t>(r * k / 256 + b) * 110;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[108] | (p[109] << 8)));
+      const unsigned char* hm = p;
+      const unsigned char* sp = p + 96;
+      int sc[16];  // scale j: low 4 bits from byte j % 8 (j < 8 low nibble, else high), high 2
+                   // bits from byte 8 + j % 4, bits 2 (j / 4) and up
+      for (int j = 0; j < 16; ++j) {
+        const int lo = j < 8 ? sp[j] & 0xF : sp[j - 8] >> 4;
+        sc[j] = (lo | (((sp[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) - 32;
+      }
+      for (int n = 0; n < 2; ++n) {
+        const unsigned char* q = p + 32 + 32 * n;
+        for (int j = 0; j < 4; ++j) {
+          for (int half = 0; half < 2; ++half) {
+            const int g = 8 * n + 2 * j + half;
+            for (int l = 0; l < 16; ++l) {
+              const int v = ((q[16 * half + l] >> (2 * j)) & 3) -
+                            ((hm[16 * half + l] >> (4 * n + j)) & 1 ? 0 : 4);
+              row.push_back(d * sc[g] * v);
+            }
+          }
+        }
+      }
+    }
+    w.push_back(row);
+    offsets.emplace_back(static_cast<std::size_t>(k));
+  }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
@@ -758,18 +796,22 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
     segs.push_back(
         ref::quantized_matrix::from_bytes(ggml_type::q5_k, rows5, k, b5.data(), b5.size(), "q5k"));
   }
+  if (rows3 > 0) {
+    segs.push_back(
+        ref::quantized_matrix::from_bytes(ggml_type::q3_k, rows3, k, b3.data(), b3.size(), "q3k"));
+  }
   return {std::move(segs), std::move(w), std::move(offsets)};
 }
 
-// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and Q5_K rows (random_quantized_layer) multiplies like
-// the values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from the
-// blocks, four rows a pass: 5 and 8 take two; Q5_K on AVX-512 only) and at 9 and 17 (decoded
-// rows, decoded panels),
+// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K and Q3_K rows (random_quantized_layer) multiplies
+// like the values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from
+// the blocks, four rows a pass: 5 and 8 take two; Q5_K and Q3_K on AVX-512 only) and at 9 and 17
+// (decoded rows, decoded panels),
 // with and without accumulating, on 1 and 2 threads.
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   std::mt19937 rng(23);
   const Eigen::Index k = 512;
-  quantized_layer_case lc = random_quantized_layer(rng, k, true);
+  quantized_layer_case lc = random_quantized_layer(rng, k, true, true);
   const std::vector<std::vector<double>>& w = lc.w;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
   const ref::linear layer(std::move(lc.segs), ref::vector());

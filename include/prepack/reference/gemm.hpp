@@ -739,7 +739,7 @@ class linear {
     }
     if (quantized() && m <= dot_rows) {
       // Decode (a few sequences): rows of the types that dot straight from their blocks
-      // (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on AVX2 / AVX-512 builds, Q5_K on AVX-512) are never
+      // (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K on AVX2 / AVX-512 builds, Q5_K, Q3_K on AVX-512) are never
       // widened when up to fused_rows activation rows multiply (fused_block rows a pass over a row,
       // which stays in L1 between passes: at 8 rows 1.1-1.8x faster than decoding it, at 16 up
       // to 1.8x slower, measured on the large model's files); the others are decoded four rows at a

@@ -281,6 +281,50 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
         look(high(n1), v1, x + 48, 3);
       }
     }
+  } else if (type == checkpoint::ggml_type::q3_k) {
+    // 256 values: 32 bytes of high bits, 64 bytes of 2-bit values, 12 bytes of 6-bit scales, d.
+    // dequantize_row_q3_K: value l of 16-value group g (128-value half n = g / 8, j = g / 2 % 4)
+    // is d (s_g - 32) (((q[32 n + l] >> 2 j) & 3) - (bit 4 n + j of hm[l] ? 0 : 4)): the 3-bit
+    // index (q bits, high bit) looked up in d (s_g - 32) (index - 4), an 8-value table twice
+    const __m512 centred = _mm512_sub_ps(
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_ps(4.0f));
+    const __m512i low2 = _mm512_set1_epi32(3);
+    for (std::int64_t b = 0; b < k / 256; ++b, p += 110) {
+      // the 16 6-bit scales (ggml's kmask1 / kmask2 unpacking of the 12 bytes)
+      std::uint32_t aux[4];
+      std::memcpy(aux, p + 96, 12);
+      const std::uint32_t tmp = aux[2];
+      aux[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
+      aux[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
+      aux[0] = (aux[0] & 0x0f0f0f0fu) | ((tmp & 0x03030303u) << 4);
+      aux[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
+      __m128i sc;
+      std::memcpy(&sc, aux, 16);
+      alignas(64) float dl[16];  // d (s_g - 32), one rounding each
+      _mm512_store_ps(dl, _mm512_mul_ps(_mm512_set1_ps(fp16_scale(p + 108)),
+                                        _mm512_cvtepi32_ps(_mm512_sub_epi32(
+                                            _mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(32)))));
+      // hm[l] << 2, so that bit 4 n + j lands on bit 2 after a right shift by 4 n + j
+      const __m512i h[2] = {_mm512_slli_epi32(bytes16(p), 2),
+                            _mm512_slli_epi32(bytes16(p + 16), 2)};
+      for (std::ptrdiff_t n = 0; n < 2; ++n) {
+        const __m512i q[2] = {bytes16(p + 32 + 32 * n), bytes16(p + 48 + 32 * n)};
+        // groups 8 n + 2 j + half, from bytes l (half 0) or l + 16 (half 1), into accumulator u
+        const auto group = [&](int j, int half, int u) {
+          const std::ptrdiff_t g = 8 * n + 2 * j + half;
+          const __m512i index = _mm512_ternarylogic_epi32(
+              low2, _mm512_srl_epi32(q[half], _mm_cvtsi32_si128(2 * j)),
+              _mm512_srl_epi32(h[half], _mm_cvtsi32_si128(static_cast<int>(4 * n) + j)), 0xCA);
+          look(index, _mm512_mul_ps(_mm512_set1_ps(dl[g]), centred), a + b * 256 + 16 * g, u);
+        };
+        for (int j = 0; j < 4; j += 2) {
+          group(j, 0, 0);
+          group(j, 1, 1);
+          group(j + 1, 0, 2);
+          group(j + 1, 1, 3);
+        }
+      }
+    }
   } else {  // Q4_0 (18 bytes: d, 16 bytes) or Q4_1 (20: d, m, 16): value j < 16 byte j's low
     // nibble, j >= 16 byte j - 16's high one; even blocks into accumulators 0, 1, odd into 2, 3
     const bool q41 = type == checkpoint::ggml_type::q4_1;
@@ -316,7 +360,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
                std::int64_t lda, float* y) noexcept {
 #if defined(__AVX512F__)
   if (type == checkpoint::ggml_type::q4_0 || type == checkpoint::ggml_type::q4_1 ||
-      type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q5_k) {
+      type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q5_k ||
+      type == checkpoint::ggml_type::q3_k) {
     fused_dot_lookup<M>(type, p, k, a, lda, y);
     return;
   }
@@ -1176,14 +1221,15 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
 #endif
 }
 
-/// Whether rows of `type` dot straight from their blocks on this build (fused_dot; Q5_K only
-/// where it looks values up).
+/// Whether rows of `type` dot straight from their blocks on this build (fused_dot; Q5_K and
+/// Q3_K only where it looks values up).
 constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
   return PREPACK_FUSED_DOT &&
          (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
           type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
           type == checkpoint::ggml_type::q6_k ||
-          (PREPACK_FUSED_LOOKUP && type == checkpoint::ggml_type::q5_k));
+          (PREPACK_FUSED_LOOKUP &&
+           (type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q3_k)));
 }
 
 }  // namespace detail
