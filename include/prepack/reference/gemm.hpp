@@ -432,7 +432,7 @@ inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gem
 ///   fp32 scratch, exactly as ggml defines the type, and multiplies it with fp32 GEMMs over fp32
 ///   activations (so the function is that of the widened weights, within fp32 rounding); or,
 ///   opted into with `int8_activations` where every segment's type has integer dots
-///   (detail::int8_dot_type: Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), dotted in integers with the
+///   (detail::int8_dot_type: Q8_0, Q4_0, Q4_1, Q3_K, Q4_K, Q5_K, Q6_K), dotted in integers with the
 ///   activations quantized to 8 bits per 32-value block (detail::int8_rows: llama.cpp's way,
 ///   within the bound stated there, each row's result independent of the rows beside it). A
 ///   quantized layer may scale its input's columns first (`input_scale`: the RMSNorm weight that

@@ -59,6 +59,22 @@ inline void for_block_pairs(const unsigned char* p, std::int64_t nb, std::int64_
 // compile time (a register, not a stack slot indexed at run time) and summed as a tree. Built
 // where the compiler targets AVX-512 or AVX2 with FMA and F16C; elsewhere rows are decoded,
 // then dotted.
+// d (s_g - 32) of the Q3_K block at p for its 16 value groups g (dequantize_row_q3_K's dl, one
+// rounding each): the 6-bit s_g unpacked from 12 bytes as ggml's kmask1 / kmask2 code does.
+inline void q3k_group_scales(const unsigned char* p, float (&dl)[16]) noexcept {
+  std::uint32_t aux[4];
+  std::memcpy(aux, p + 96, 12);
+  const std::uint32_t tmp = aux[2];
+  aux[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
+  aux[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
+  aux[0] = (aux[0] & 0x0f0f0f0fu) | ((tmp & 0x03030303u) << 4);
+  aux[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
+  unsigned char sc[16];
+  std::memcpy(sc, aux, 16);
+  const float d = checkpoint::detail::fp16(p + 108);
+  for (int g = 0; g < 16; ++g) dl[g] = d * static_cast<float>(static_cast<int>(sc[g]) - 32);
+}
+
 #if PREPACK_FUSED_DOT
 inline float fp16_scale(const unsigned char* p) noexcept {
   return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
@@ -290,20 +306,8 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
         _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7), _mm512_set1_ps(4.0f));
     const __m512i low2 = _mm512_set1_epi32(3);
     for (std::int64_t b = 0; b < k / 256; ++b, p += 110) {
-      // the 16 6-bit scales (ggml's kmask1 / kmask2 unpacking of the 12 bytes)
-      std::uint32_t aux[4];
-      std::memcpy(aux, p + 96, 12);
-      const std::uint32_t tmp = aux[2];
-      aux[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
-      aux[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
-      aux[0] = (aux[0] & 0x0f0f0f0fu) | ((tmp & 0x03030303u) << 4);
-      aux[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
-      __m128i sc;
-      std::memcpy(&sc, aux, 16);
-      alignas(64) float dl[16];  // d (s_g - 32), one rounding each
-      _mm512_store_ps(dl, _mm512_mul_ps(_mm512_set1_ps(fp16_scale(p + 108)),
-                                        _mm512_cvtepi32_ps(_mm512_sub_epi32(
-                                            _mm512_cvtepi8_epi32(sc), _mm512_set1_epi32(32)))));
+      alignas(64) float dl[16];  // d (s_g - 32)
+      q3k_group_scales(p, dl);
       // hm[l] << 2, so that bit 4 n + j lands on bit 2 after a right shift by 4 n + j
       const __m512i h[2] = {_mm512_slli_epi32(bytes16(p), 2),
                             _mm512_slli_epi32(bytes16(p + 16), 2)};
@@ -510,7 +514,7 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 //   Q4_1         d_w d_b (n . q) + m_w s_b
 //   Q4_K, Q5_K   d sc_j d_b (n . q) - dmin m_j s_b        (32-value sub-block j; Q5_K's n
 //                                                          with its fifth bit)
-//   Q6_K         d_b (d sc_g (w . q) over its two 16-value groups g)
+//   Q6_K, Q3_K   d_b (d sc_g (w . q) over its two 16-value groups g; Q3_K's d (s_g - 32))
 // so a dot differs from the fp32 one by at most sum_b d_b / 2 sum_{i in b} |w_i - o_i| (o_i the
 // value's offset, Q4_1's m_w or Q4_K's -dmin m_j, which meets the exact sums; the bound the
 // tests check), plus fp32 rounding. Each row's result depends on that row alone (not on how
@@ -580,7 +584,8 @@ struct int8_rows {
 constexpr bool int8_dot_type(checkpoint::ggml_type type) noexcept {
   return type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
          type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
-         type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q6_k;
+         type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q6_k ||
+         type == checkpoint::ggml_type::q3_k;
 }
 
 // The scalar terms of a row's dot (Q4_1's m_w s_b, Q4_K's -dmin m_j s_b) are summed in 8
@@ -772,6 +777,15 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
     q[1] = _mm512_permutex2var_epi64(lo, lanes23, hi);
   };
 #endif
+  // The 16-value group formats (Q6_K, Q3_K): lane l of a pair of blocks' vector takes group
+  // 4 q + l / 4 of the 16 (the pair q = 0 .. 3 of the 256 values); group g lies in activation
+  // block g / 2.
+  const __m512i groups[4] = {
+      _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
+      _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
+      _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),
+      _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)};
+  const __m512i block_of = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   switch (type) {
     case ggml_type::q8_0: {
       std::int64_t b0 = 0;
@@ -905,16 +919,42 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
       }
       break;
     }
+    case ggml_type::q3_k: {
+      // 256 values as 16-value groups (q3k_group_scales): at 128-value half n and j = 0 .. 3,
+      // 32 bytes of 3-bit values w + 4 (2 bits of q[32 n + l] at 2 j, bit 4 n + j of hm[l] above
+      // them), two groups and one activation block; blocks 2 jj and 2 jj + 1 a pair
+      const __m256i three = _mm256_set1_epi8(3), one_bit = _mm256_set1_epi8(1);
+      const __m512i four = _mm512_set1_epi8(4);
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 110) {
+        float dl[16];
+        q3k_group_scales(p, dl);
+        const __m512 g = _mm512_loadu_ps(dl);
+        __m512 s[M];  // lane g: d (s_g - 32) d_a of group g's block, for each activation row
+        for (int i = 0; i < M; ++i) {
+          s[i] = _mm512_mul_ps(
+              g, _mm512_permutexvar_ps(block_of, _mm512_maskz_loadu_ps(0xFF, ad[i] + sb * 8)));
+        }
+        const __m256i hm = load32(p);
+        for (std::ptrdiff_t n = 0; n < 2; ++n) {
+          const __m256i q = load32(p + 32 + 32 * n);
+          const auto values = [&](std::ptrdiff_t j) {
+            const __m256i low = _mm256_and_si256(
+                _mm256_srl_epi16(q, _mm_cvtsi32_si128(static_cast<int>(2 * j))), three);
+            const __m256i high = _mm256_and_si256(
+                _mm256_srl_epi16(hm, _mm_cvtsi32_si128(static_cast<int>(4 * n + j))), one_bit);
+            return _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+          };
+          for (std::ptrdiff_t jj = 0; jj < 2; ++jj) {
+            signed_pair(_mm512_sub_epi8(halves(values(2 * jj), values(2 * jj + 1)), four),
+                        sb * 8 + 4 * n + 2 * jj, false,
+                        [&](int i) { return _mm512_permutexvar_ps(groups[2 * n + jj], s[i]); });
+          }
+        }
+      }
+      break;
+    }
     case ggml_type::q6_k: {
       const __m512i three0 = _mm512_set1_epi8(0x30), bias = _mm512_set1_epi8(32);
-      // Lane l of quarters (first, first + 1) of half h takes 16-value group 8h + 2 first +
-      // l / 4 of the 16; group g lies in activation block g / 2.
-      const __m512i groups[4] = {
-          _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0),
-          _mm512_set_epi32(7, 7, 7, 7, 6, 6, 6, 6, 5, 5, 5, 5, 4, 4, 4, 4),
-          _mm512_set_epi32(11, 11, 11, 11, 10, 10, 10, 10, 9, 9, 9, 9, 8, 8, 8, 8),
-          _mm512_set_epi32(15, 15, 15, 15, 14, 14, 14, 14, 13, 13, 13, 13, 12, 12, 12, 12)};
-      const __m512i block_of = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
         // d sc_g of the 16 groups (each product rounded once, as decoding gives it), times
         // each activation row's d_a of the group's block
@@ -1088,6 +1128,43 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       }
       break;
     }
+    case ggml_type::q3_k: {
+      // 16-value groups (q3k_group_scales); at 128-value half n and j = 0 .. 3 the 32 values
+      // w + 4 of activation block 4 n + j: 2 bits of q[32 n + l] at 2 j, bit 4 n + j of hm[l]
+      const __m256i three = _mm256_set1_epi8(3), one_bit = _mm256_set1_epi8(1),
+                    four = _mm256_set1_epi8(4);
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 110) {
+        float dl[16];
+        q3k_group_scales(p, dl);
+        const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+        for (std::ptrdiff_t n = 0; n < 2; ++n) {
+          const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * n));
+          const auto block = [&](std::ptrdiff_t j, auto u_acc) {
+            constexpr int U = decltype(u_acc)::value;
+            const __m256i low = _mm256_and_si256(
+                _mm256_srl_epi16(q, _mm_cvtsi32_si128(static_cast<int>(2 * j))), three);
+            const __m256i high = _mm256_and_si256(
+                _mm256_srl_epi16(hm, _mm_cvtsi32_si128(static_cast<int>(4 * n + j))), one_bit);
+            const __m256i w =
+                _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), four);
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            const std::int64_t b = sb * 8 + 4 * n + j;
+            const __m256 g =
+                _mm256_set_m128(_mm_set1_ps(dl[8 * n + 2 * j + 1]), _mm_set1_ps(dl[8 * n + 2 * j]));
+            for (int i = 0; i < M; ++i) {
+              const __m256i v = int8_dot_us(aw, _mm256_sign_epi8(act(i, b), w));
+              acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v),
+                                          _mm256_mul_ps(g, _mm256_set1_ps(ad[i][b])), acc[i][U]);
+            }
+          };
+          block(0, even{});
+          block(1, odd{});
+          block(2, even{});
+          block(3, odd{});
+        }
+      }
+      break;
+    }
     case ggml_type::q6_k: {
       const __m256i three0 = _mm256_set1_epi8(0x30), bias = _mm256_set1_epi8(32);
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
@@ -1191,6 +1268,25 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       }
       break;
     }
+    case ggml_type::q3_k:
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 110) {
+        float dl[16];
+        q3k_group_scales(p, dl);
+        for (int n = 0; n < 2; ++n) {
+          for (int j = 0; j < 4; ++j) {
+            for (int l = 0; l < 32; ++l) {  // dequantize_row_q3_K's value, + 4
+              w[l] =
+                  (((p[32 + 32 * n + l] >> (2 * j)) & 3) | (((p[l] >> (4 * n + j)) & 1) << 2)) - 4;
+            }
+            const std::int64_t b = sb * 8 + 4 * n + j;
+            for (int i = 0; i < M; ++i) {
+              y[i] += ad[i][b] * (dl[8 * n + 2 * j] * dot(i, b, w, 16, 0) +
+                                  dl[8 * n + 2 * j + 1] * dot(i, b, w, 16, 16));
+            }
+          }
+        }
+      }
+      break;
     case ggml_type::q6_k:
       for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 210) {
         const float d = fp16(p + 208);
