@@ -1052,6 +1052,18 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(dw * ad[i][b]), acc[i][U]);
     }
   };
+  // 32 signed weight bytes w of block b in two 16-value groups scaled g0 and g1 (Q6_K, Q3_K):
+  // g d_b (w . q) over each group's lanes, into accumulator U.
+  const auto grouped_block = [&](__m256i w, std::int64_t b, float g0, float g1, auto u_acc) {
+    constexpr int U = decltype(u_acc)::value;
+    const __m256i aw = _mm256_sign_epi8(w, w);
+    const __m256 g = _mm256_set_m128(_mm_set1_ps(g1), _mm_set1_ps(g0));
+    for (int i = 0; i < M; ++i) {
+      const __m256i v = int8_dot_us(aw, _mm256_sign_epi8(act(i, b), w));
+      acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(g, _mm256_set1_ps(ad[i][b])),
+                                  acc[i][U]);
+    }
+  };
   // 32 unsigned weight bytes (nibbles) u: scale d_w d_b (u . q).
   const auto unsigned_block = [&](__m256i u, std::int64_t b, float dw, auto u_acc) {
     constexpr int U = decltype(u_acc)::value;
@@ -1140,22 +1152,12 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         for (std::ptrdiff_t n = 0; n < 2; ++n) {
           const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32 + 32 * n));
           const auto block = [&](std::ptrdiff_t j, auto u_acc) {
-            constexpr int U = decltype(u_acc)::value;
             const __m256i low = _mm256_and_si256(
                 _mm256_srl_epi16(q, _mm_cvtsi32_si128(static_cast<int>(2 * j))), three);
             const __m256i high = _mm256_and_si256(
                 _mm256_srl_epi16(hm, _mm_cvtsi32_si128(static_cast<int>(4 * n + j))), one_bit);
-            const __m256i w =
-                _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), four);
-            const __m256i aw = _mm256_sign_epi8(w, w);
-            const std::int64_t b = sb * 8 + 4 * n + j;
-            const __m256 g =
-                _mm256_set_m128(_mm_set1_ps(dl[8 * n + 2 * j + 1]), _mm_set1_ps(dl[8 * n + 2 * j]));
-            for (int i = 0; i < M; ++i) {
-              const __m256i v = int8_dot_us(aw, _mm256_sign_epi8(act(i, b), w));
-              acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v),
-                                          _mm256_mul_ps(g, _mm256_set1_ps(ad[i][b])), acc[i][U]);
-            }
+            grouped_block(_mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 2)), four),
+                          sb * 8 + 4 * n + j, dl[8 * n + 2 * j], dl[8 * n + 2 * j + 1], u_acc);
           };
           block(0, even{});
           block(1, odd{});
@@ -1186,17 +1188,9 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
                               _mm256_and_si256(_mm256_srli_epi16(h, 2), three0))};
           const std::int8_t* sc = scales + 8 * half;
           const auto quarter = [&](std::ptrdiff_t qr, auto u_acc) {  // values [32 qr, 32 qr + 32)
-            constexpr int U = decltype(u_acc)::value;
-            const __m256i w = _mm256_sub_epi8(q6[qr], bias);
-            const __m256i aw = _mm256_sign_epi8(w, w);
-            const std::int64_t b = sb * 8 + half * 4 + qr;
-            const __m256 g = _mm256_set_m128(_mm_set1_ps(d * static_cast<float>(sc[2 * qr + 1])),
-                                             _mm_set1_ps(d * static_cast<float>(sc[2 * qr])));
-            for (int i = 0; i < M; ++i) {
-              const __m256i v = int8_dot_us(aw, _mm256_sign_epi8(act(i, b), w));
-              acc[i][U] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v),
-                                          _mm256_mul_ps(g, _mm256_set1_ps(ad[i][b])), acc[i][U]);
-            }
+            grouped_block(_mm256_sub_epi8(q6[qr], bias), sb * 8 + half * 4 + qr,
+                          d * static_cast<float>(sc[2 * qr]),
+                          d * static_cast<float>(sc[2 * qr + 1]), u_acc);
           };
           quarter(0, even{});
           quarter(1, odd{});
