@@ -315,7 +315,7 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
         const __m512i q[2] = {bytes16(p + 32 + 32 * n), bytes16(p + 48 + 32 * n)};
         // groups 8 n + 2 j + half, from bytes l (half 0) or l + 16 (half 1), into accumulator u
         const auto group = [&](int j, int half, int u) {
-          const std::ptrdiff_t g = 8 * n + 2 * j + half;
+          const std::ptrdiff_t g = 8 * n + std::ptrdiff_t{2} * j + half;
           const __m512i index = _mm512_ternarylogic_epi32(
               low2, _mm512_srl_epi32(q[half], _mm_cvtsi32_si128(2 * j)),
               _mm512_srl_epi32(h[half], _mm_cvtsi32_si128(static_cast<int>(4 * n) + j)), 0xCA);
@@ -1272,7 +1272,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
               w[l] =
                   (((p[32 + 32 * n + l] >> (2 * j)) & 3) | (((p[l] >> (4 * n + j)) & 1) << 2)) - 4;
             }
-            const std::int64_t b = sb * 8 + 4 * n + j;
+            const std::int64_t b = sb * 8 + std::int64_t{4} * n + j;
             for (int i = 0; i < M; ++i) {
               y[i] += ad[i][b] * (dl[8 * n + 2 * j] * dot(i, b, w, 16, 0) +
                                   dl[8 * n + 2 * j + 1] * dot(i, b, w, 16, 16));
