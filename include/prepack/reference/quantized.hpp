@@ -49,16 +49,6 @@ inline void for_block_pairs(const unsigned char* p, std::int64_t nb, std::int64_
   if (b < nb) pair(p + b * bytes, p + b * bytes, b, true);
 }
 
-// Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
-// of Q8_0, Q4_0 or Q4_1 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values
-// widened to fp32 in registers and multiplied with the fp32 activations, never written out as fp32
-// weights; Q6_K's 16-value groups are widened to their decoded values d sc (q - 32) in registers.
-// The weight is ggml's value exactly; only the order of the fp32 roundings differs from decoding
-// first (d applied to a block's sum rather than to each value; Q4_1's m and Q4_K's mins to the
-// activations' block sums). Each accumulator is named at
-// compile time (a register, not a stack slot indexed at run time) and summed as a tree. Built
-// where the compiler targets AVX-512 or AVX2 with FMA and F16C; elsewhere rows are decoded,
-// then dotted.
 // d (s_g - 32) of the Q3_K block at p for its 16 value groups g (dequantize_row_q3_K's dl, one
 // rounding each): the 6-bit s_g unpacked from 12 bytes as ggml's kmask1 / kmask2 code does.
 inline void q3k_group_scales(const unsigned char* p, float (&dl)[16]) noexcept {
@@ -75,6 +65,16 @@ inline void q3k_group_scales(const unsigned char* p, float (&dl)[16]) noexcept {
   for (int g = 0; g < 16; ++g) dl[g] = d * static_cast<float>(static_cast<int>(sc[g]) - 32);
 }
 
+// Dots straight from a row's blocks (decode at one to a few sequences): for each 32-value block
+// of Q8_0, Q4_0 or Q4_1 (sub-block of Q4_K), y_i += d * (q . a_i), the int8 or nibble values
+// widened to fp32 in registers and multiplied with the fp32 activations, never written out as fp32
+// weights; Q6_K's 16-value groups are widened to their decoded values d sc (q - 32) in registers.
+// The weight is ggml's value exactly; only the order of the fp32 roundings differs from decoding
+// first (d applied to a block's sum rather than to each value; Q4_1's m and Q4_K's mins to the
+// activations' block sums). Each accumulator is named at
+// compile time (a register, not a stack slot indexed at run time) and summed as a tree. Built
+// where the compiler targets AVX-512 or AVX2 with FMA and F16C; elsewhere rows are decoded,
+// then dotted.
 #if PREPACK_FUSED_DOT
 inline float fp16_scale(const unsigned char* p) noexcept {
   return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
@@ -214,8 +214,10 @@ inline void q4k_block_scales(const unsigned char* p, float (&out)[16]) noexcept 
 // them (Q4_0 d (q - 8); Q4_1 d q + m; Q4_K d sc q - dmin m of each 32-value sub-block, the
 // product and the min fused into one rounding), then 16 nibbles at a time looked up in it
 // (vpermps) and multiplied with each activation row: no widening to fp32 and no scale per value,
-// and the mins are in the values rather than a separate sum of the activations. Four
-// accumulators a row (the 16-value quarters of 64 values), summed as a tree. O(M k).
+// and the mins are in the values rather than a separate sum of the activations. Q5_K's 32
+// values a sub-block (the nibble and a fifth bit) are looked up in two vectors (vpermi2ps),
+// Q3_K's 8 a 16-value group (two bits and a high bit) in one. Four accumulators a row (the
+// 16-value quarters of 64 values), summed as a tree. O(M k).
 template <int M>
 __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const unsigned char* p,
                                                std::int64_t k, const float* a, std::int64_t lda,
