@@ -6,7 +6,9 @@
 // prepack::error naming the file and the item, never a crash, however they are cut.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -155,6 +157,60 @@ TEST(Checkpoint, QuantizedProjectionsHeldAsStoredComputeTheDequantizedFunction) 
     }
   }
   fs::remove_all(dir);
+}
+
+// dequantize_fast (the decoding inside the GEMMs of held weights: vectorised on AVX2 and
+// AVX-512 builds, the block loops elsewhere) against dequantize (ggml's values, bit for bit:
+// the gguf oracle checks it): every block type, random blocks with finite fp16 scales. Types
+// whose values are one product (d q, d sc q) give the same bits; those with an offset (Q4_1,
+// Q5_1 and the K-quants' mins, which dequantize_fast may fuse with the product) within one
+// rounding of the product. Written to an unaligned destination.
+TEST(Checkpoint, FastDequantizationIsExactOrWithinOneRounding) {
+  using prepack::checkpoint::ggml_type;
+  std::mt19937 rng(41);
+  struct kind {
+    ggml_type type;
+    std::vector<int> scales;  // byte offsets of the block's fp16 scales (and mins)
+    bool offset;
+  };
+  const kind kinds[] = {{ggml_type::q4_0, {0}, false},   {ggml_type::q4_1, {0, 2}, true},
+                        {ggml_type::q5_0, {0}, false},   {ggml_type::q5_1, {0, 2}, true},
+                        {ggml_type::q8_0, {0}, false},   {ggml_type::q2_k, {80, 82}, true},
+                        {ggml_type::q3_k, {108}, false}, {ggml_type::q4_k, {0, 2}, true},
+                        {ggml_type::q5_k, {0, 2}, true}, {ggml_type::q6_k, {208}, false}};
+  for (const kind& k : kinds) {
+    const auto b = *prepack::checkpoint::dequantizable_block(k.type);
+    const std::size_t blocks = 9, n = blocks * b.elements;
+    std::vector<unsigned char> bytes(blocks * b.bytes);
+    for (auto& x : bytes) x = static_cast<unsigned char>(rng());
+    for (std::size_t i = 0; i < blocks; ++i) {
+      for (const int at : k.scales) {  // +-[0.5, 1) 2^-7
+        const float v = std::ldexp(0.5f + static_cast<float>(rng() % 1000) / 2000.0f, -7);
+        const std::uint16_t h = prepack::half::from_float(rng() % 2 != 0 ? v : -v);
+        bytes[i * b.bytes + static_cast<std::size_t>(at)] = static_cast<unsigned char>(h & 0xFF);
+        bytes[i * b.bytes + static_cast<std::size_t>(at) + 1] = static_cast<unsigned char>(h >> 8);
+      }
+    }
+    std::vector<float> exact(n), fast(n + 1, -1.0f);
+    prepack::checkpoint::dequantize(k.type, bytes.data(), n, exact.data());
+    prepack::checkpoint::dequantize_fast(k.type, bytes.data(), n, fast.data() + 1);
+    const char* name = prepack::checkpoint::ggml_type_name(k.type);
+    EXPECT_EQ(fast[0], -1.0f) << name << ": wrote before its output";
+    for (std::size_t i = 0; i < n; ++i) {
+      const float e = exact[i], f = fast[i + 1];
+      if (!k.offset) {
+        EXPECT_EQ(f, e) << name << " value " << i;
+        continue;
+      }
+      // d q - m rounded once against twice: within half an ulp of the product, whose size is
+      // at most the block's largest |value| plus its largest offset (here below 2^-1).
+      float largest = 0.0f;
+      const std::size_t b0 = i / b.elements * b.elements;
+      for (std::size_t j = b0; j < b0 + b.elements; ++j)
+        largest = std::max(largest, std::abs(exact[j]));
+      EXPECT_LE(std::abs(f - e), std::ldexp(largest + 0.5f, -23)) << name << " value " << i;
+    }
+  }
 }
 
 // The Q/K permutation matters: read as unpermuted, a llama GGUF computes another function.

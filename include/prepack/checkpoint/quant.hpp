@@ -15,6 +15,10 @@
 #include "../error.hpp"
 #include "../numeric.hpp"
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
+
 PREPACK_NAMESPACE_BEGIN
 namespace checkpoint {
 
@@ -415,6 +419,186 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
   }
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#define PREPACK_DEQUANTIZE_AVX2 1
+// dequantize_block<false> for the types whose values the compiler does not vectorise well from
+// the loops above (measured a core, ns a value, AVX-512 / AVX2 builds: Q4_0 0.07 / 0.43, Q4_1
+// 0.09 / 0.51, Q3_K 0.16 / 0.55, Q5_K 0.15 / 0.13, Q6_K 0.20 / 0.18), in 256-bit vectors: each
+// block's values made as 32 signed bytes at a time, then widened 8 at a time, scaled and offset
+// (one FMA where the loops' product and sum may fuse too: the same bound).
+
+// y[0, 32) = s v + o for the 32 bytes v (signed), s = s_lo for the first 16 and s_hi for the
+// last 16 (no offset unless `Offset`).
+template <bool Offset = false>
+inline void widen32(__m256i v, float s_lo, float s_hi, float* y, float o = 0.0f) noexcept {
+#if defined(__AVX512F__)
+  const __m128i half[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
+  for (int g = 0; g < 2; ++g) {
+    const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(half[g]));
+    const __m512 s = _mm512_set1_ps(g == 0 ? s_lo : s_hi);
+    if constexpr (Offset) {
+      _mm512_storeu_ps(y + 16 * g, _mm512_fmadd_ps(s, x, _mm512_set1_ps(o)));
+    } else {
+      _mm512_storeu_ps(y + 16 * g, _mm512_mul_ps(s, x));
+    }
+  }
+#else
+  const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+  const __m128i eighths[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
+  for (int g = 0; g < 4; ++g) {
+    const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eighths[g]));
+    const __m256 s = _mm256_set1_ps(g < 2 ? s_lo : s_hi);
+    if constexpr (Offset) {
+      _mm256_storeu_ps(y + 8 * g, _mm256_fmadd_ps(s, x, _mm256_set1_ps(o)));
+    } else {
+      _mm256_storeu_ps(y + 8 * g, _mm256_mul_ps(s, x));
+    }
+  }
+#endif
+}
+// fp16(p) by the CPU's conversion where it has one (F16C: every AVX2 CPU prepack targets).
+inline float fp16_fast(const unsigned char* p) noexcept {
+#if defined(__F16C__)
+  return _cvtsh_ss(le16(p));
+#else
+  return fp16(p);
+#endif
+}
+// A 16-byte vector's low nibbles (then the high ones) as 32 bytes.
+inline __m256i nibbles32(const unsigned char* q) noexcept {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  const __m128i m = _mm_set1_epi8(0x0F);
+  return _mm256_setr_m128i(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+inline __m256i load32(const unsigned char* q) noexcept {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+}
+// (v >> shift) & mask of each byte.
+inline __m256i bits32(__m256i v, int shift, char mask) noexcept {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(mask));
+}
+
+inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float* y) noexcept {
+  switch (type) {
+    case ggml_type::q4_0: {
+      const float d = fp16_fast(p);
+      widen32(_mm256_sub_epi8(nibbles32(p + 2), _mm256_set1_epi8(8)), d, d, y);
+      return;
+    }
+    case ggml_type::q4_1: {
+      const float d = fp16_fast(p), m = fp16_fast(p + 2);
+      widen32<true>(nibbles32(p + 4), d, d, y, m);
+      return;
+    }
+    case ggml_type::q5_0:
+    case ggml_type::q5_1: {  // the nibbles with bit j of the 32-bit qh as 16 on value j
+      const bool q51 = type == ggml_type::q5_1;
+      const float d = fp16_fast(p), m = q51 ? fp16_fast(p + 2) : 0.0f;
+      std::uint32_t qh;
+      std::memcpy(&qh, p + (q51 ? 4 : 2), 4);
+      // byte j of the broadcast qh holds bit j in its place j mod 8: select byte j / 8
+      const __m256i bytes = _mm256_shuffle_epi8(
+          _mm256_set1_epi32(static_cast<int>(qh)),
+          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+      const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit),
+                                            _mm256_set1_epi8(16));
+      const __m256i v = _mm256_or_si256(nibbles32(p + (q51 ? 8 : 6)), high);
+      if (q51) {
+        widen32<true>(v, d, d, y, m);
+      } else {
+        widen32(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), d, d, y);
+      }
+      return;
+    }
+    case ggml_type::q8_0: {
+      const float d = fp16_fast(p);
+      widen32(load32(p + 2), d, d, y);
+      return;
+    }
+    case ggml_type::q4_k: {
+      const float d = fp16_fast(p), dmin = fp16_fast(p + 2);
+      const unsigned char* sc = p + 4;
+      for (int j = 0; j < 4; ++j, y += 64) {
+        const __m256i q = load32(p + 16 + 32 * j);
+        for (int h = 0; h < 2; ++h) {
+          unsigned sv, mv;
+          scale_min_k4(2 * j + h, sc, sv, mv);
+          const float ds = d * static_cast<float>(sv), ms = -(dmin * static_cast<float>(mv));
+          widen32<true>(bits32(q, 4 * h, 0x0F), ds, ds, y + 32 * h, ms);
+        }
+      }
+      return;
+    }
+    case ggml_type::q3_k: {
+      const unsigned char* sp = p + 96;
+      const float d_all = fp16_fast(p + 108);
+      float ds[16];
+      for (int j = 0; j < 16; ++j) {
+        const unsigned lo = j < 8 ? (sp[j] & 0x0Fu) : (sp[j - 8] >> 4);
+        const unsigned hi = (sp[8 + j % 4] >> (2 * (j / 4))) & 3u;
+        ds[j] = d_all * static_cast<float>(static_cast<int>(lo | (hi << 4)) - 32);
+      }
+      const __m256i hm = load32(p), four = _mm256_set1_epi8(4);
+      for (int n = 0, is = 0; n < 2; ++n) {
+        const __m256i q = load32(p + 32 + 32 * n);
+        for (int shift = 0; shift < 8; shift += 2, is += 2, y += 32) {
+          // minus 4 where the value's high bit (bit 4 n + shift / 2 of hm) is clear
+          const __m256i h = bits32(hm, 4 * n + shift / 2, 1);
+          const __m256i v =
+              _mm256_sub_epi8(bits32(q, shift, 3),
+                              _mm256_and_si256(_mm256_cmpeq_epi8(h, _mm256_setzero_si256()), four));
+          widen32(v, ds[is], ds[is + 1], y);
+        }
+      }
+      return;
+    }
+    case ggml_type::q5_k: {
+      const float d = fp16_fast(p), dmin = fp16_fast(p + 2);
+      const unsigned char* sc = p + 4;
+      const __m256i qh = load32(p + 16), sixteen = _mm256_set1_epi8(16);
+      for (int j = 0; j < 4; ++j, y += 64) {
+        const __m256i ql = load32(p + 48 + 32 * j);
+        for (int h = 0; h < 2; ++h) {
+          unsigned s, m;
+          scale_min_k4(2 * j + h, sc, s, m);
+          const float ds = d * static_cast<float>(s), ms = -(dmin * static_cast<float>(m));
+          const __m256i v = _mm256_or_si256(
+              bits32(ql, 4 * h, 0x0F),
+              _mm256_and_si256(_mm256_slli_epi16(bits32(qh, 2 * j + h, 1), 4), sixteen));
+          widen32<true>(v, ds, ds, y + 32 * h, ms);
+        }
+      }
+      return;
+    }
+    case ggml_type::q6_k: {
+      const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
+      const float d = fp16_fast(p + 208);
+      const __m256i c32 = _mm256_set1_epi8(32);
+      for (int n = 0; n < 2; ++n, y += 128, sc += 8) {
+        const __m256i ql0 = load32(p + 64 * n), ql1 = load32(p + 64 * n + 32);
+        const __m256i qh = load32(p + 128 + 32 * n);
+        const __m256i v[4] = {
+            _mm256_or_si256(bits32(ql0, 0, 0x0F), _mm256_slli_epi16(bits32(qh, 0, 3), 4)),
+            _mm256_or_si256(bits32(ql1, 0, 0x0F), _mm256_slli_epi16(bits32(qh, 2, 3), 4)),
+            _mm256_or_si256(bits32(ql0, 4, 0x0F), _mm256_slli_epi16(bits32(qh, 4, 3), 4)),
+            _mm256_or_si256(bits32(ql1, 4, 0x0F), _mm256_slli_epi16(bits32(qh, 6, 3), 4))};
+        for (int g = 0; g < 4; ++g) {
+          widen32(_mm256_sub_epi8(v[g], c32), d * static_cast<float>(sc[2 * g]),
+                  d * static_cast<float>(sc[2 * g + 1]), y + 32 * g);
+        }
+      }
+      return;
+    }
+    default:
+      dequantize_block<false>(type, p, y);
+      return;
+  }
+}
+#else
+#define PREPACK_DEQUANTIZE_AVX2 0
+#endif
+
 }  // namespace detail
 
 /// Dequantizes n values of `type` stored at `src` (n / block elements whole blocks, `src`
@@ -454,9 +638,15 @@ inline void dequantize_fast(ggml_type type, const unsigned char* src, std::size_
   // compiler vectorises across the block's values (5 -> 3x faster for Q8_0 than switching per
   // block).
   const auto run = [&](auto constant) {
+    constexpr ggml_type t = decltype(constant)::value;
     for (std::size_t k = 0; k < blocks; ++k) {
-      detail::dequantize_block<false>(decltype(constant)::value, src + k * b->bytes,
-                                      out + k * b->elements);
+#if PREPACK_DEQUANTIZE_AVX2
+      if constexpr (t != ggml_type::q2_k) {
+        detail::dequantize_block_avx2(t, src + k * b->bytes, out + k * b->elements);
+        continue;
+      }
+#endif
+      detail::dequantize_block<false>(t, src + k * b->bytes, out + k * b->elements);
     }
   };
   switch (type) {

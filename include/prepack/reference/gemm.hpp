@@ -751,11 +751,8 @@ class linear {
       for (Eigen::Index p = 0; p < panels; ++p) {
         float* rows = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
         const Eigen::Index c0 = p * nb, c1 = std::min(n, c0 + nb);
-        // Q3_K (decoded a value at a time: 0.25 ns a value a core) dots fused up to dot_rows:
-        // measured 1.6x faster at 12 rows and 1.2x at 16 than decoding its rows.
         const auto fused = [&](Eigen::Index j) {
-          const checkpoint::ggml_type t = q_[segment(j)].type;
-          return (fuse || t == checkpoint::ggml_type::q3_k) && detail::fused_dot_type(t);
+          return fuse && detail::fused_dot_type(q_[segment(j)].type);
         };
         Eigen::Index j0 = c0;
         while (j0 < c1) {
@@ -957,8 +954,8 @@ class linear {
     q_[s].decode_rows(r - q_start_[s], 1, out);
   }
 
-  // c[i][0] (ldc) = a_i . row r (or += with accumulate) for m <= fused_rows activation rows
-  // (Q3_K: dot_rows), straight from the row's blocks (its segment's type dots fused).
+  // c[i][0] (ldc) = a_i . row r (or += with accumulate) for m <= fused_rows activation rows,
+  // straight from the row's blocks (its segment's type dots fused).
   void fused_row(Eigen::Index r, Eigen::Index m, const float* a, Eigen::Index lda, float* c,
                  Eigen::Index ldc, bool accumulate) const noexcept {
     const std::size_t s = segment(r);
