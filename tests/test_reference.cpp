@@ -805,9 +805,10 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
 
 // A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K and Q3_K rows (random_quantized_layer) multiplies
 // like the values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from
-// the blocks, four rows a pass: 5 and 8 take two; Q5_K and Q3_K on AVX-512 only) and at 9 and 17
-// (decoded rows, decoded panels),
-// with and without accumulating, on 1 and 2 threads.
+// the blocks, four rows a pass: 5 and 8 take two; Q5_K and Q3_K on AVX-512 only) and at 9, 17
+// and 40 (decoded rows times the transposed input in tiles of one and two vectors of columns, 40
+// padded to whole tiles, 512 inputs in two passes; the panel GEMMs on SSE-only builds), with and
+// without accumulating, on 1 and 2 threads.
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   std::mt19937 rng(23);
   const Eigen::Index k = 512;
@@ -816,7 +817,7 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
   const ref::linear layer(std::move(lc.segs), ref::vector());
   test::for_threads({1, 2}, [&](int threads) {
-    for (const Eigen::Index m : {1, 2, 3, 4, 5, 8, 9, 17}) {
+    for (const Eigen::Index m : {1, 2, 3, 4, 5, 8, 9, 17, 40}) {
       std::vector<float> a(static_cast<std::size_t>(m * k));
       for (auto& v : a) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.0f;
       for (const bool accumulate : {false, true}) {

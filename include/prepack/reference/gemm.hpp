@@ -381,6 +381,62 @@ void dot_block(const float* a, std::int64_t lda, const float* w, std::int64_t k,
     }
   }
 }
+
+// The tiles of rows_by_columns: weight rows a call takes against nv packets of columns,
+// filling the vector registers with accumulators (AVX-512's 32: 12 x 2 or 24 x 1; AVX2's and
+// SSE's 16: 6 x 2 or 12 x 1).
+template <int NV>
+constexpr int tile_rows() noexcept {
+  return (Eigen::internal::packet_traits<float>::size >= 16 ? 24 : 12) / NV;
+}
+
+// Whether rows_by_columns beats the decoded rows' dots and panel GEMMs (apply_panels): with
+// 256- and 512-bit vectors (at 16 - 200 rows 1.2-1.35x on AVX2, 1.5-2.8x on AVX-512, level at
+// 9-12 on AVX2); with SSE's 128 bits (no FMA) it measured 0.6-0.96x, and those builds keep them.
+constexpr bool rows_by_columns_pays = Eigen::internal::packet_traits<float>::size >= 8;
+
+// f(0), ..., f(N - 1), each index a constant (std::integral_constant).
+template <int N, class F, int... I>
+inline void unrolled(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, class F>
+inline void unrolled(F&& f) {
+  unrolled<N>(std::forward<F>(f), std::make_integer_sequence<int, N>{});
+}
+
+// out[r][i] (ldo) = w row r . column i of at, or += with `add`, for tile_rows<NV>() rows of w
+// ([.][ldw], k values each) and the NV lanes columns of at ([k][ldat]): per step t NV packets of
+// at and a broadcast of each row's value, into the tile's accumulators held in registers (24
+// multiply-adds per 14 loads with NV 2 on AVX-512). Each sum runs over t in order, one
+// multiply-add a step (k split into calls with `add` continues the same chain), so a result does
+// not depend on the rows and columns computed beside it. O(rows NV lanes k).
+template <int NV>
+void rows_by_columns(const float* w, std::int64_t ldw, const float* at, std::int64_t ldat,
+                     std::int64_t k, float* out, std::int64_t ldo, bool add) noexcept {
+  namespace ei = Eigen::internal;
+  using packet = ei::packet_traits<float>::type;
+  constexpr int lanes = ei::packet_traits<float>::size, mr = tile_rows<NV>();
+  packet acc[mr][NV];
+  for (int r = 0; r < mr; ++r) {
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = add ? ei::ploadu<packet>(out + r * ldo + v * lanes) : ei::pset1<packet>(0.0f);
+    }
+  }
+  for (std::int64_t t = 0; t < k; ++t) {
+    packet b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = ei::ploadu<packet>(at + t * ldat + v * lanes);
+    // unrolled by the template, not left to the compiler (which kept 24 x 1 accumulators in
+    // memory: 2x slower)
+    unrolled<mr>([&](auto r) {
+      const packet x = ei::pset1<packet>(w[r * ldw + t]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = ei::pmadd(x, b[v], acc[r][v]);
+    });
+  }
+  for (int r = 0; r < mr; ++r) {
+    for (int v = 0; v < NV; ++v) ei::pstoreu(out + r * ldo + v * lanes, acc[r][v]);
+  }
+}
 #pragma GCC diagnostic pop
 
 }  // namespace detail
@@ -593,6 +649,13 @@ class linear {
     if (quantized()) {
       if (int8_) {
         apply_int8(m, a, lda, c, ldc, accumulate, scratch);
+      } else if (detail::rows_by_columns_pays && m > dot_rows && m < wide_rows) {
+        // one packet of columns a tile where a second would be mostly padding
+        if (m <= Eigen::internal::packet_traits<float>::size) {
+          apply_rows_by_columns<1>(m, a, lda, c, ldc, accumulate, scratch);
+        } else {
+          apply_rows_by_columns<2>(m, a, lda, c, ldc, accumulate, scratch);
+        }
       } else {
         apply_panels(be, m, a, lda, c, ldc, accumulate, scratch);
       }
@@ -827,6 +890,78 @@ class linear {
     return dst;
   }
 
+  // A quantized layer at dot_rows < m < wide_rows activation rows (decode of many sequences,
+  // small prefills): the input (scaled) transposed once into scratch.dense ([in][m], columns
+  // padded to whole tiles with zeros), then each thread decodes a panel of output rows at a
+  // time into its own scratch and multiplies tile_rows of them at a time with every tile of
+  // columns (detail::rows_by_columns), reading the decoded rows where they were written:
+  // nothing packed again per panel, as the panel GEMMs do (those measured 52% Eigen's kernel,
+  // 12% packing the panel and 6% the activations at 32 rows). O(m in) to transpose, O(in out) to
+  // decode, O(m in out) to multiply; no allocation once scratch has grown.
+  template <int NV>
+  void apply_rows_by_columns(Eigen::Index m, const float* a, Eigen::Index lda, float* c,
+                             Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
+    constexpr Eigen::Index mr = detail::tile_rows<NV>(),
+                           strip = NV * Eigen::internal::packet_traits<float>::size;
+    const Eigen::Index k = in(), n = out(), mp = (m + strip - 1) / strip * strip;
+    const std::size_t at_size = static_cast<std::size_t>(k) * static_cast<std::size_t>(mp);
+    if (scratch.dense.size() < at_size) scratch.dense.resize(at_size);
+    float* at = scratch.dense.data();
+    const float* g = input_scale_.size() > 0 ? input_scale_.data() : nullptr;
+    const int threads = threads_for(0);
+    (void)threads;                   // read only by the OpenMP pragmas
+    constexpr Eigen::Index tb = 64;  // input columns a thread transposes at a time
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+    for (Eigen::Index t0 = 0; t0 < k; t0 += tb) {
+      const Eigen::Index t1 = std::min(k, t0 + tb);
+      for (Eigen::Index i = 0; i < mp; ++i) {
+        const float* src = a + i * lda;
+        for (Eigen::Index t = t0; t < t1; ++t) {
+          at[t * mp + i] = i >= m ? 0.0f : g != nullptr ? src[t] * g[t] : src[t];
+        }
+      }
+    }
+    // A thread's scratch: a panel of nb decoded rows and up to mr - 1 rows of zeros after it,
+    // ldw apart: 64 bytes more than a whole number of 64-byte lines, so that the tile's rows,
+    // read side by side, do not share the L1 cache's sets (4 KiB apart they would: k = 1024
+    // measured 2.3x slower); then the panel's sums [nbp][mp].
+    const Eigen::Index nb = small_panel_cols(k, n) / mr * mr + mr, ldw = (k + 15) / 16 * 16 + 16;
+    const std::size_t per_thread =
+        static_cast<std::size_t>(nb) * static_cast<std::size_t>(ldw + mp);
+    if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
+      scratch.panels.resize(per_thread * static_cast<std::size_t>(threads));
+    }
+    float* panel_base = scratch.panels.data();
+    const Eigen::Index panels = (n + nb - 1) / nb;
+    // Input columns a pass takes: kc of the transposed input's and the panel's values stay in
+    // the core's L2 while every tile of the panel reads them.
+    constexpr Eigen::Index kc = 256;
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+    for (Eigen::Index p = 0; p < panels; ++p) {
+      float* rows = panel_base + per_thread * static_cast<std::size_t>(detail::thread_id());
+      float* sums = rows + nb * ldw;
+      const Eigen::Index c0 = p * nb, w = std::min(nb, n - c0), wp = (w + mr - 1) / mr * mr;
+      for (Eigen::Index r = 0; r < w; ++r) decode_row(c0 + r, rows + r * ldw);
+      std::fill(rows + w * ldw, rows + wp * ldw, 0.0f);
+      for (Eigen::Index k0 = 0; k0 < k; k0 += kc) {
+        const Eigen::Index kn = std::min(kc, k - k0);
+        for (Eigen::Index i0 = 0; i0 < m; i0 += strip) {
+          for (Eigen::Index r0 = 0; r0 < w; r0 += mr) {
+            detail::rows_by_columns<NV>(rows + r0 * ldw + k0, ldw, at + k0 * mp + i0, mp, kn,
+                                        sums + r0 * mp + i0, mp, k0 > 0);
+          }
+        }
+      }
+      for (Eigen::Index i = 0; i < m; ++i) {
+        float* out = c + i * ldc + c0;
+        for (Eigen::Index r = 0; r < w; ++r) {
+          const float y = sums[r * mp + i];
+          out[r] = accumulate ? out[r] + y : y;
+        }
+      }
+    }
+  }
+
   // The int8 activation path: the input (scaled) quantized a row at a time, then every output
   // row dotted in integers with every activation row (detail::int8_dot), a tile of activation
   // rows at a time so that a thread's weight rows and the tile stay in its caches. O(m in) to
@@ -893,11 +1028,12 @@ class linear {
 
   // Rows of activations from which the panel paths multiply with all threads per GEMM.
   static constexpr Eigen::Index wide_rows = 256;
-  // Rows of activations up to which a quantized layer dots its decoded rows directly
-  // (bench_serve's quantized family: measured against the panel GEMMs below), and the
+  // Rows of activations up to which a quantized layer dots its decoded rows directly, above
+  // which it multiplies them by apply_rows_by_columns (where that pays; else by the panel
+  // GEMMs: bench_serve's quantized family measured both), and the
   // activation rows each register block holds (4 x 4 accumulators fit AVX-512's 32 vector
   // registers; AVX2's 16 take 2 x 4).
-  static constexpr Eigen::Index dot_rows = 16;
+  static constexpr Eigen::Index dot_rows = detail::rows_by_columns_pays ? 8 : 16;
   // Activation rows up to which rows that dot straight from their blocks do so, and how many
   // of them each pass over a row takes.
   static constexpr Eigen::Index fused_rows = 8;
