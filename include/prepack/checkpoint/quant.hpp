@@ -421,11 +421,12 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define PREPACK_DEQUANTIZE_AVX2 1
-// dequantize_block<false> for the types whose values the compiler does not vectorise well from
-// the loops above (measured a core, ns a value, AVX-512 / AVX2 builds: Q4_0 0.07 / 0.43, Q4_1
-// 0.09 / 0.51, Q3_K 0.16 / 0.55, Q5_K 0.15 / 0.13, Q6_K 0.20 / 0.18), in 256-bit vectors: each
-// block's values made as 32 signed bytes at a time, then widened 8 at a time, scaled and offset
-// (one FMA where the loops' product and sum may fuse too: the same bound).
+// dequantize_block<false> in vectors, for every block type but Q2_K: the compiler vectorises
+// the loops above poorly or not at all on some (a core, ns a value, AVX-512 / AVX2 builds: Q4_0
+// 0.07 / 0.43 -> 0.04 / 0.06, Q4_1 0.09 / 0.51 -> 0.04 / 0.06, Q3_K 0.16 / 0.55 -> 0.05 /
+// 0.08, Q6_K 0.20 / 0.18 -> 0.05 / 0.06). A block's values are made as 32 signed bytes at a
+// time, then widened (16 at a time on AVX-512, 8 on AVX2), scaled and offset (one FMA where the
+// loops' product and sum may fuse too: the same bound).
 
 // y[0, 32) = s v + o for the 32 bytes v (signed), s = s_lo for the first 16 and s_hi for the
 // last 16 (no offset unless `Offset`).
@@ -433,7 +434,7 @@ template <bool Offset = false>
 inline void widen32(__m256i v, float s_lo, float s_hi, float* y, float o = 0.0f) noexcept {
 #if defined(__AVX512F__)
   const __m128i half[2] = {_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)};
-  for (int g = 0; g < 2; ++g) {
+  for (std::ptrdiff_t g = 0; g < 2; ++g) {
     const __m512 x = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(half[g]));
     const __m512 s = _mm512_set1_ps(g == 0 ? s_lo : s_hi);
     if constexpr (Offset) {
@@ -445,7 +446,7 @@ inline void widen32(__m256i v, float s_lo, float s_hi, float* y, float o = 0.0f)
 #else
   const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
   const __m128i eighths[4] = {lo, _mm_unpackhi_epi64(lo, lo), hi, _mm_unpackhi_epi64(hi, hi)};
-  for (int g = 0; g < 4; ++g) {
+  for (std::ptrdiff_t g = 0; g < 4; ++g) {
     const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eighths[g]));
     const __m256 s = _mm256_set1_ps(g < 2 ? s_lo : s_hi);
     if constexpr (Offset) {
@@ -519,13 +520,14 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
     case ggml_type::q4_k: {
       const float d = fp16_fast(p), dmin = fp16_fast(p + 2);
       const unsigned char* sc = p + 4;
-      for (int j = 0; j < 4; ++j, y += 64) {
-        const __m256i q = load32(p + 16 + 32 * j);
-        for (int h = 0; h < 2; ++h) {
+      const unsigned char* qs = p + 16;
+      for (int j = 0; j < 4; ++j, qs += 32) {
+        const __m256i q = load32(qs);
+        for (int h = 0; h < 2; ++h, y += 32) {
           unsigned sv, mv;
           scale_min_k4(2 * j + h, sc, sv, mv);
           const float ds = d * static_cast<float>(sv), ms = -(dmin * static_cast<float>(mv));
-          widen32<true>(bits32(q, 4 * h, 0x0F), ds, ds, y + 32 * h, ms);
+          widen32<true>(bits32(q, 4 * h, 0x0F), ds, ds, y, ms);
         }
       }
       return;
@@ -540,8 +542,9 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
         ds[j] = d_all * static_cast<float>(static_cast<int>(lo | (hi << 4)) - 32);
       }
       const __m256i hm = load32(p), four = _mm256_set1_epi8(4);
-      for (int n = 0, is = 0; n < 2; ++n) {
-        const __m256i q = load32(p + 32 + 32 * n);
+      const unsigned char* qs = p + 32;
+      for (int n = 0, is = 0; n < 2; ++n, qs += 32) {
+        const __m256i q = load32(qs);
         for (int shift = 0; shift < 8; shift += 2, is += 2, y += 32) {
           // minus 4 where the value's high bit (bit 4 n + shift / 2 of hm) is clear
           const __m256i h = bits32(hm, 4 * n + shift / 2, 1);
@@ -557,16 +560,17 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       const float d = fp16_fast(p), dmin = fp16_fast(p + 2);
       const unsigned char* sc = p + 4;
       const __m256i qh = load32(p + 16), sixteen = _mm256_set1_epi8(16);
-      for (int j = 0; j < 4; ++j, y += 64) {
-        const __m256i ql = load32(p + 48 + 32 * j);
-        for (int h = 0; h < 2; ++h) {
+      const unsigned char* qs = p + 48;
+      for (int j = 0; j < 4; ++j, qs += 32) {
+        const __m256i ql = load32(qs);
+        for (int h = 0; h < 2; ++h, y += 32) {
           unsigned s, m;
           scale_min_k4(2 * j + h, sc, s, m);
           const float ds = d * static_cast<float>(s), ms = -(dmin * static_cast<float>(m));
           const __m256i v = _mm256_or_si256(
               bits32(ql, 4 * h, 0x0F),
               _mm256_and_si256(_mm256_slli_epi16(bits32(qh, 2 * j + h, 1), 4), sixteen));
-          widen32<true>(v, ds, ds, y + 32 * h, ms);
+          widen32<true>(v, ds, ds, y, ms);
         }
       }
       return;
@@ -575,17 +579,18 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
       const float d = fp16_fast(p + 208);
       const __m256i c32 = _mm256_set1_epi8(32);
-      for (int n = 0; n < 2; ++n, y += 128, sc += 8) {
-        const __m256i ql0 = load32(p + 64 * n), ql1 = load32(p + 64 * n + 32);
-        const __m256i qh = load32(p + 128 + 32 * n);
+      const unsigned char* ql = p;
+      const unsigned char* qh = p + 128;
+      for (int n = 0; n < 2; ++n, ql += 64, qh += 32, sc += 8) {
+        const __m256i ql0 = load32(ql), ql1 = load32(ql + 32), h = load32(qh);
         const __m256i v[4] = {
-            _mm256_or_si256(bits32(ql0, 0, 0x0F), _mm256_slli_epi16(bits32(qh, 0, 3), 4)),
-            _mm256_or_si256(bits32(ql1, 0, 0x0F), _mm256_slli_epi16(bits32(qh, 2, 3), 4)),
-            _mm256_or_si256(bits32(ql0, 4, 0x0F), _mm256_slli_epi16(bits32(qh, 4, 3), 4)),
-            _mm256_or_si256(bits32(ql1, 4, 0x0F), _mm256_slli_epi16(bits32(qh, 6, 3), 4))};
-        for (int g = 0; g < 4; ++g) {
+            _mm256_or_si256(bits32(ql0, 0, 0x0F), _mm256_slli_epi16(bits32(h, 0, 3), 4)),
+            _mm256_or_si256(bits32(ql1, 0, 0x0F), _mm256_slli_epi16(bits32(h, 2, 3), 4)),
+            _mm256_or_si256(bits32(ql0, 4, 0x0F), _mm256_slli_epi16(bits32(h, 4, 3), 4)),
+            _mm256_or_si256(bits32(ql1, 4, 0x0F), _mm256_slli_epi16(bits32(h, 6, 3), 4))};
+        for (std::ptrdiff_t g = 0; g < 4; ++g, y += 32) {
           widen32(_mm256_sub_epi8(v[g], c32), d * static_cast<float>(sc[2 * g]),
-                  d * static_cast<float>(sc[2 * g + 1]), y + 32 * g);
+                  d * static_cast<float>(sc[2 * g + 1]), y);
         }
       }
       return;

@@ -416,7 +416,8 @@ void rows_by_columns(const float* w, std::int64_t ldw, const float* at, std::int
                      std::int64_t k, float* out, std::int64_t ldo, bool add) noexcept {
   namespace ei = Eigen::internal;
   using packet = ei::packet_traits<float>::type;
-  constexpr int lanes = ei::packet_traits<float>::size, mr = tile_rows<NV>();
+  constexpr std::int64_t lanes = ei::packet_traits<float>::size;
+  constexpr int mr = tile_rows<NV>();
   packet acc[mr][NV];
   for (int r = 0; r < mr; ++r) {
     for (int v = 0; v < NV; ++v) {
@@ -902,7 +903,7 @@ class linear {
   void apply_rows_by_columns(Eigen::Index m, const float* a, Eigen::Index lda, float* c,
                              Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
     constexpr Eigen::Index mr = detail::tile_rows<NV>(),
-                           strip = NV * Eigen::internal::packet_traits<float>::size;
+                           strip = Eigen::Index{NV} * Eigen::internal::packet_traits<float>::size;
     const Eigen::Index k = in(), n = out(), mp = (m + strip - 1) / strip * strip;
     const std::size_t at_size = static_cast<std::size_t>(k) * static_cast<std::size_t>(mp);
     if (scratch.dense.size() < at_size) scratch.dense.resize(at_size);

@@ -529,8 +529,14 @@ struct int8_rows {
   std::vector<float> d, s;     // [rows][cols / 32]  each block's scale and exact sum
   // [rows][cols / 4]  minus the sum of each 4 consecutive values of q: where weights are dotted
   // as unsigned bytes u = w + o, o times these are what a lane's dot of u starts from so that
-  // it sums w . q (int8_dot512 with VNNI)
+  // it sums w . q (int8_dot512 with VNNI, the only reader: empty on other builds)
   std::vector<std::int32_t> n4;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && defined(__AVX512F__) && \
+    defined(__AVX512BW__) && defined(__AVX512VNNI__)  // as PREPACK_INT8_DOT512 with VNNI
+  static constexpr bool lane_sums = true;
+#else
+  static constexpr bool lane_sums = false;
+#endif
 
   std::size_t bytes() const noexcept {
     return q.size() + (d.size() + s.size()) * sizeof(float) + n4.size() * sizeof(std::int32_t);
@@ -544,7 +550,7 @@ struct int8_rows {
     const std::size_t n = static_cast<std::size_t>(m) * static_cast<std::size_t>(k);
     if (q.size() < n) {
       q.resize(n);
-      n4.resize(n / 4);
+      if constexpr (lane_sums) n4.resize(n / 4);
     }
     if (d.size() < n / 32) {
       d.resize(n / 32);
@@ -555,7 +561,6 @@ struct int8_rows {
   /// to +-127 (NaN to -127) rather than to undefined bytes. Cost: O(cols).
   void quantize_row(std::int64_t r, const float* x) noexcept {
     std::int8_t* qr = q.data() + r * cols;
-    std::int32_t* nr = n4.data() + r * (cols / 4);
     float* dr = d.data() + r * (cols / 32);
     float* sr = s.data() + r * (cols / 32);
     for (std::int64_t b = 0; b < cols / 32; ++b) {
@@ -575,6 +580,8 @@ struct int8_rows {
       dr[b] = db;
       sr[b] = sum;
     }
+    if constexpr (!lane_sums) return;
+    std::int32_t* nr = n4.data() + r * (cols / 4);
     for (std::int64_t l = 0; l < cols / 4; ++l) {
       const std::int8_t* v = qr + 4 * l;
       nr[l] = -(v[0] + v[1] + v[2] + v[3]);
