@@ -639,6 +639,19 @@ class linear {
     return std::max<Eigen::Index>(16, std::min<Eigen::Index>(out, budget / 16 * 16));
   }
 
+  /// Floats of scratch a quantized layer of in x out weights uses at m activation rows where
+  /// it multiplies by rows_by_columns (apply_rows_by_columns: from dot_rows + 1 to wide_rows -
+  /// 1 rows, on AVX2 / AVX-512 builds; else {0, 0}): gemm_scratch::dense, the input transposed
+  /// (shared), and each thread's share of gemm_scratch::panels (its decoded rows and their sums).
+  static std::pair<std::size_t, std::size_t> tile_scratch_floats(Eigen::Index in, Eigen::Index out,
+                                                                 Eigen::Index m) {
+    if (!detail::rows_by_columns_pays || m <= dot_rows || m >= wide_rows) return {0, 0};
+    const bool one = m <= Eigen::internal::packet_traits<float>::size;
+    const Eigen::Index cols = one ? tile_columns<1>(m) : tile_columns<2>(m);
+    return {static_cast<std::size_t>(in) * static_cast<std::size_t>(cols),
+            one ? tile_scratch<1>(in, out, m) : tile_scratch<2>(in, out, m)};
+  }
+
   /// c[m][out] (ldc) = a[m][in] (lda) * W, or += with `accumulate`. 2 m in out FLOPs, plus for
   /// bf16 weights m in roundings of the activations into `scratch` and, on the paths that widen
   /// panels, in out widenings of the weights. Throws prepack::error naming the shape if oneDNN
@@ -650,7 +663,7 @@ class linear {
     if (quantized()) {
       if (int8_) {
         apply_int8(m, a, lda, c, ldc, accumulate, scratch);
-      } else if (detail::rows_by_columns_pays && m > dot_rows && m < wide_rows) {
+      } else if (tile_scratch_floats(in(), out(), m).first > 0) {  // rows_by_columns
         // one packet of columns a tile where a second would be mostly padding
         if (m <= Eigen::internal::packet_traits<float>::size) {
           apply_rows_by_columns<1>(m, a, lda, c, ldc, accumulate, scratch);
@@ -904,7 +917,7 @@ class linear {
                              Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
     constexpr Eigen::Index mr = detail::tile_rows<NV>(),
                            strip = Eigen::Index{NV} * Eigen::internal::packet_traits<float>::size;
-    const Eigen::Index k = in(), n = out(), mp = (m + strip - 1) / strip * strip;
+    const Eigen::Index k = in(), n = out(), mp = tile_columns<NV>(m);
     const std::size_t at_size = static_cast<std::size_t>(k) * static_cast<std::size_t>(mp);
     if (scratch.dense.size() < at_size) scratch.dense.resize(at_size);
     float* at = scratch.dense.data();
@@ -922,13 +935,10 @@ class linear {
         }
       }
     }
-    // A thread's scratch: a panel of nb decoded rows and up to mr - 1 rows of zeros after it,
-    // ldw apart: 64 bytes more than a whole number of 64-byte lines, so that the tile's rows,
-    // read side by side, do not share the L1 cache's sets (4 KiB apart they would: k = 1024
-    // measured 2.3x slower); then the panel's sums [nbp][mp].
-    const Eigen::Index nb = small_panel_cols(k, n) / mr * mr + mr, ldw = (k + 15) / 16 * 16 + 16;
-    const std::size_t per_thread =
-        static_cast<std::size_t>(nb) * static_cast<std::size_t>(ldw + mp);
+    // A thread's scratch (tile_scratch): a panel of nb decoded rows and up to mr - 1 rows of
+    // zeros after it, ldw apart, then the panel's sums [nb][mp].
+    const Eigen::Index nb = tile_panel_rows<NV>(k, n), ldw = tile_stride(k);
+    const std::size_t per_thread = tile_scratch<NV>(k, n, m);
     if (scratch.panels.size() < per_thread * static_cast<std::size_t>(threads)) {
       scratch.panels.resize(per_thread * static_cast<std::size_t>(threads));
     }
@@ -961,6 +971,28 @@ class linear {
         }
       }
     }
+  }
+
+  // apply_rows_by_columns<NV>'s shapes: the input's columns padded to whole tiles; the rows of
+  // a thread's decoded panel (whole tiles, about small_panel_cols of them) and the floats from
+  // one to the next: 64 bytes more than a whole number of 64-byte lines, so that a tile's rows,
+  // read side by side, do not share the L1 cache's sets (4 KiB apart they would: k = 1024
+  // measured 2.3x slower); a thread's scratch, the panel's rows and their sums [rows][columns].
+  template <int NV>
+  static Eigen::Index tile_columns(Eigen::Index m) {
+    constexpr Eigen::Index strip = Eigen::Index{NV} * Eigen::internal::packet_traits<float>::size;
+    return (m + strip - 1) / strip * strip;
+  }
+  template <int NV>
+  static Eigen::Index tile_panel_rows(Eigen::Index in, Eigen::Index out) {
+    constexpr Eigen::Index mr = detail::tile_rows<NV>();
+    return small_panel_cols(in, out) / mr * mr + mr;
+  }
+  static Eigen::Index tile_stride(Eigen::Index in) { return (in + 15) / 16 * 16 + 16; }
+  template <int NV>
+  static std::size_t tile_scratch(Eigen::Index in, Eigen::Index out, Eigen::Index m) {
+    return static_cast<std::size_t>(tile_panel_rows<NV>(in, out)) *
+           static_cast<std::size_t>(tile_stride(in) + tile_columns<NV>(m));
   }
 
   // The int8 activation path: the input (scaled) quantized a row at a time, then every output

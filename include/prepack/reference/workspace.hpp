@@ -161,16 +161,20 @@ class workspace {
     }
     // Each thread's panel of weights widened to fp32, for the widest GEMM that widens: every
     // bf16 one on the emulated paths, and on the Eigen backend the fp32 ones oneDNN holds.
-    // Quantized layers decode every panel.
+    // Quantized layers decode every panel (and from 9 to 255 rows multiply by tiles, with the
+    // input transposed: linear::tile_scratch_floats).
+    std::size_t transposed = 0;
     const auto panel = [&](Eigen::Index in, Eigen::Index out, weight_type t,
                            bool decodes = false) -> std::size_t {
       const bool widens =
           decodes ||
           (t == weight_type::bf16 ? !native
                                   : eigen && held_by_onednn(in, out, weight_type::f32, layout));
-      return widens ? static_cast<std::size_t>(in) *
-                          static_cast<std::size_t>(linear::panel_cols(in, out))
-                    : 0;
+      if (!widens) return 0;
+      const auto tiles = linear::tile_scratch_floats(in, out, static_cast<Eigen::Index>(n));
+      transposed = std::max(transposed, tiles.first);
+      return std::max(tiles.second, static_cast<std::size_t>(in) *
+                                        static_cast<std::size_t>(linear::panel_cols(in, out)));
     };
     const auto ffn = static_cast<Eigen::Index>(c.ffn);
     std::size_t widest = std::max({panel(c.hidden, c.q_dim() + 2 * c.kv_dim(), weights, quantized),
@@ -179,8 +183,9 @@ class workspace {
                                    panel(ffn, c.hidden, weights, quantized)});
     if (!c.tied_embeddings) widest = std::max(widest, panel(c.hidden, c.vocab, weight_type::f32));
     act = add(act,
-              mul(mul(static_cast<std::size_t>(n_threads), widest, "weight panels"), sizeof(float),
-                  "weight panels"),
+              mul(add(mul(static_cast<std::size_t>(n_threads), widest, "weight panels"), transposed,
+                      "weight panels"),
+                  sizeof(float), "weight panels"),
               "activations");
     const std::size_t scratch = static_cast<std::size_t>(n_threads) *
                                 attention_scratch::bytes_for(tile_rows(c), c.head_size());
