@@ -485,9 +485,11 @@ inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gem
 ///   value).
 /// - quantized: as a checkpoint stores them (quantized_matrix segments of output rows, each of
 ///   its own ggml type: fused Q | K | V of a Q4_K_M file mixes Q4_K and Q6_K), the bytes of the
-///   file and nothing more; every call decodes a panel of output rows at a time into per-thread
-///   fp32 scratch, exactly as ggml defines the type, and multiplies it with fp32 GEMMs over fp32
-///   activations (so the function is that of the widened weights, within fp32 rounding); or,
+///   file and nothing more; every call dots the rows straight from their blocks (up to 8
+///   activation rows, the types that can) or decodes a panel of output rows at a time into
+///   per-thread fp32 scratch, exactly as ggml defines the type, and multiplies it in register
+///   tiles (9-255 rows) or fp32 GEMMs over fp32 activations (so the function is that of the
+///   widened weights, within fp32 rounding); or,
 ///   opted into with `int8_activations` where every segment's type has integer dots
 ///   (detail::int8_dot_type: Q8_0, Q4_0, Q4_1, Q3_K, Q4_K, Q5_K, Q6_K), dotted in integers with the
 ///   activations quantized to 8 bits per 32-value block (detail::int8_rows: llama.cpp's way,
