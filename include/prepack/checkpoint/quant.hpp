@@ -517,21 +517,6 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       widen32(load32(p + 2), d, d, y);
       return;
     }
-    case ggml_type::q4_k: {
-      const float d = fp16_fast(p), dmin = fp16_fast(p + 2);
-      const unsigned char* sc = p + 4;
-      const unsigned char* qs = p + 16;
-      for (int j = 0; j < 4; ++j, qs += 32) {
-        const __m256i q = load32(qs);
-        for (int h = 0; h < 2; ++h, y += 32) {
-          unsigned sv, mv;
-          scale_min_k4(2 * j + h, sc, sv, mv);
-          const float ds = d * static_cast<float>(sv), ms = -(dmin * static_cast<float>(mv));
-          widen32<true>(bits32(q, 4 * h, 0x0F), ds, ds, y, ms);
-        }
-      }
-      return;
-    }
     case ggml_type::q3_k: {
       const unsigned char* sp = p + 96;
       const float d_all = fp16_fast(p + 108);
@@ -556,20 +541,25 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       }
       return;
     }
-    case ggml_type::q5_k: {
+    case ggml_type::q4_k:
+    case ggml_type::q5_k: {  // Q5_K: Q4_K's nibbles plus 16 where bit 2 j + h of qh[l] is set
+      const bool q5 = type == ggml_type::q5_k;
       const float d = fp16_fast(p), dmin = fp16_fast(p + 2);
       const unsigned char* sc = p + 4;
-      const __m256i qh = load32(p + 16), sixteen = _mm256_set1_epi8(16);
-      const unsigned char* qs = p + 48;
+      const __m256i qh = q5 ? load32(p + 16) : _mm256_setzero_si256();
+      const __m256i sixteen = _mm256_set1_epi8(16);
+      const unsigned char* qs = p + (q5 ? 48 : 16);
       for (int j = 0; j < 4; ++j, qs += 32) {
         const __m256i ql = load32(qs);
         for (int h = 0; h < 2; ++h, y += 32) {
           unsigned s, m;
           scale_min_k4(2 * j + h, sc, s, m);
           const float ds = d * static_cast<float>(s), ms = -(dmin * static_cast<float>(m));
-          const __m256i v = _mm256_or_si256(
-              bits32(ql, 4 * h, 0x0F),
-              _mm256_and_si256(_mm256_slli_epi16(bits32(qh, 2 * j + h, 1), 4), sixteen));
+          __m256i v = bits32(ql, 4 * h, 0x0F);
+          if (q5) {
+            v = _mm256_or_si256(
+                v, _mm256_and_si256(_mm256_slli_epi16(bits32(qh, 2 * j + h, 1), 4), sixteen));
+          }
           widen32<true>(v, ds, ds, y, ms);
         }
       }
