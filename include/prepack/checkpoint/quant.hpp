@@ -221,6 +221,16 @@ inline void scale_min_k4(int j, const unsigned char* q, unsigned& d, unsigned& m
   }
 }
 
+// The 16 signed 6-bit group scales (s - 32) of a Q3_K block's 12 packed bytes sp: low 4 bits
+// from bytes 0-7 (low then high nibbles), high 2 bits from bytes 8-11.
+inline void scales_k3(const unsigned char* sp, int (&out)[16]) noexcept {
+  for (int j = 0; j < 16; ++j) {
+    const unsigned lo = j < 8 ? (sp[j] & 0x0Fu) : (sp[j - 8] >> 4);
+    const unsigned hi = (sp[8 + j % 4] >> (2 * (j / 4))) & 3u;
+    out[j] = static_cast<int>(lo | (hi << 4)) - 32;
+  }
+}
+
 // x as the block's arithmetic keeps it: rounded on its own (exact: ggml's reference results), or
 // free to fuse with what follows (fast: the compiler vectorises the loops; within one fp32
 // rounding of exact).
@@ -329,11 +339,7 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
       const unsigned char* sp = p + 96;
       const float d_all = fp16(p + 108);
       int scales[16];
-      for (int j = 0; j < 16; ++j) {
-        const unsigned lo = j < 8 ? (sp[j] & 0x0Fu) : (sp[j - 8] >> 4);
-        const unsigned hi = (sp[8 + j % 4] >> (2 * (j / 4))) & 3u;
-        scales[j] = static_cast<int>(lo | (hi << 4)) - 32;
-      }
+      scales_k3(sp, scales);
       int is = 0;
       unsigned m = 1;
       for (int n = 0; n < 256; n += 128) {
@@ -520,12 +526,10 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
     case ggml_type::q3_k: {
       const unsigned char* sp = p + 96;
       const float d_all = fp16_fast(p + 108);
+      int scales[16];
+      scales_k3(sp, scales);
       float ds[16];
-      for (int j = 0; j < 16; ++j) {
-        const unsigned lo = j < 8 ? (sp[j] & 0x0Fu) : (sp[j - 8] >> 4);
-        const unsigned hi = (sp[8 + j % 4] >> (2 * (j / 4))) & 3u;
-        ds[j] = d_all * static_cast<float>(static_cast<int>(lo | (hi << 4)) - 32);
-      }
+      for (int j = 0; j < 16; ++j) ds[j] = d_all * static_cast<float>(scales[j]);
       const __m256i hm = load32(p), four = _mm256_set1_epi8(4);
       const unsigned char* qs = p + 32;
       for (int n = 0, is = 0; n < 2; ++n, qs += 32) {
