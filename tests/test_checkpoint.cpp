@@ -177,7 +177,8 @@ TEST(Checkpoint, FastDequantizationIsExactOrWithinOneRounding) {
                         {ggml_type::q5_0, {0}, false},   {ggml_type::q5_1, {0, 2}, true},
                         {ggml_type::q8_0, {0}, false},   {ggml_type::q2_k, {80, 82}, true},
                         {ggml_type::q3_k, {108}, false}, {ggml_type::q4_k, {0, 2}, true},
-                        {ggml_type::q5_k, {0, 2}, true}, {ggml_type::q6_k, {208}, false}};
+                        {ggml_type::q5_k, {0, 2}, true}, {ggml_type::q6_k, {208}, false},
+                        {ggml_type::iq4_nl, {0}, false}, {ggml_type::iq4_xs, {0}, false}};
   for (const kind& k : kinds) {
     const auto b = *prepack::checkpoint::dequantizable_block(k.type);
     const std::size_t blocks = 9, n = blocks * b.elements;

@@ -579,29 +579,33 @@ struct quantized_layer_case {
                                             // Q4_K's -dmin m (0 for the other types)
 };
 quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, bool q5k = false,
-                                            bool q3k = false) {
+                                            bool q3k = false, bool iq4 = false) {
   using prepack::checkpoint::ggml_type;
   // the K-quants' 256-value blocks only where k holds them
   const bool k_quants = k % 256 == 0;
   const Eigen::Index rows8 = 7, rows4 = 6, rowsk = k_quants ? 5 : 0, rows6 = k_quants ? 4 : 0,
-                     rows1 = 3, rows5 = k_quants && q5k ? 5 : 0, rows3 = k_quants && q3k ? 5 : 0;
+                     rows1 = 3, rows5 = k_quants && q5k ? 5 : 0, rows3 = k_quants && q3k ? 5 : 0,
+                     rowsn = iq4 ? 3 : 0, rowsx = k_quants && iq4 ? 4 : 0;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
     at[1] = static_cast<unsigned char>(h >> 8);
   };
   const auto blocks = [&](ggml_type t, Eigen::Index rows) {
-    const std::size_t bytes = t == ggml_type::q8_0   ? 34
-                              : t == ggml_type::q4_0 ? 18
-                              : t == ggml_type::q4_1 ? 20
-                              : t == ggml_type::q4_k ? 144
-                              : t == ggml_type::q5_k ? 176
-                              : t == ggml_type::q3_k ? 110
-                                                     : 210;
-    const Eigen::Index values =
-        t == ggml_type::q4_k || t == ggml_type::q5_k || t == ggml_type::q6_k || t == ggml_type::q3_k
-            ? 256
-            : 32;
+    const std::size_t bytes = t == ggml_type::q8_0     ? 34
+                              : t == ggml_type::q4_0   ? 18
+                              : t == ggml_type::q4_1   ? 20
+                              : t == ggml_type::q4_k   ? 144
+                              : t == ggml_type::q5_k   ? 176
+                              : t == ggml_type::q3_k   ? 110
+                              : t == ggml_type::iq4_nl ? 18
+                              : t == ggml_type::iq4_xs ? 136
+                                                       : 210;
+    const Eigen::Index values = t == ggml_type::q4_k || t == ggml_type::q5_k ||
+                                        t == ggml_type::q6_k || t == ggml_type::q3_k ||
+                                        t == ggml_type::iq4_xs
+                                    ? 256
+                                    : 32;
     std::vector<unsigned char> b(static_cast<std::size_t>(rows * k / values) * bytes);
     for (std::size_t i = 0; i < b.size(); i += bytes) {
       for (std::size_t j = 0; j < bytes; ++j) b[i + j] = static_cast<unsigned char>(rng());
@@ -623,7 +627,8 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
   const auto b8 = blocks(ggml_type::q8_0, rows8), b4 = blocks(ggml_type::q4_0, rows4),
              bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6),
              b1 = blocks(ggml_type::q4_1, rows1), b5 = blocks(ggml_type::q5_k, rows5),
-             b3 = blocks(ggml_type::q3_k, rows3);
+             b3 = blocks(ggml_type::q3_k, rows3), bn = blocks(ggml_type::iq4_nl, rowsn),
+             bx = blocks(ggml_type::iq4_xs, rowsx);
   // The rows' values by the definitions, in double.
   std::vector<std::vector<double>> w, offsets;
   for (Eigen::Index r = 0; r < rows8; ++r) {
@@ -779,6 +784,32 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
     w.push_back(row);
     offsets.emplace_back(static_cast<std::size_t>(k));
   }
+  // dequantize_row_iq4_nl / _iq4_xs: d kvalues_iq4nl[q], IQ4_XS's d times a 6-bit scale - 32
+  // per 32 values (low 4 bits in scales_l's nibbles, high 2 in scales_h's bit pairs)
+  const int kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                           1,    13,   25,  38,  53,  69,  89,  113};
+  for (Eigen::Index r = 0; r < rowsn + rowsx; ++r) {
+    const bool xs = r >= rowsn;
+    std::vector<double> row;
+    for (Eigen::Index b = 0; b < k / 32; ++b) {
+      const unsigned char* p =
+          xs ? bx.data() + static_cast<std::size_t>((r - rowsn) * k / 256 + b / 8) * 136
+             : bn.data() + static_cast<std::size_t>(r * k / 32 + b) * 18;
+      double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      const unsigned char* q = p + 2;
+      if (xs) {
+        const int ib = static_cast<int>(b % 8);
+        const int high = ((p[2] | (p[3] << 8)) >> (2 * ib)) & 3;
+        const int low = (p[4 + ib / 2] >> (4 * (ib % 2))) & 0xF;
+        d *= (low | (high << 4)) - 32;
+        q = p + 8 + 16 * ib;
+      }
+      for (int l = 0; l < 16; ++l) row.push_back(d * kvalues[q[l] & 0xF]);
+      for (int l = 0; l < 16; ++l) row.push_back(d * kvalues[q[l] >> 4]);
+    }
+    w.push_back(row);
+    offsets.emplace_back(static_cast<std::size_t>(k));
+  }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
@@ -800,10 +831,19 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
     segs.push_back(
         ref::quantized_matrix::from_bytes(ggml_type::q3_k, rows3, k, b3.data(), b3.size(), "q3k"));
   }
+  if (rowsn > 0) {
+    segs.push_back(ref::quantized_matrix::from_bytes(ggml_type::iq4_nl, rowsn, k, bn.data(),
+                                                     bn.size(), "iq4nl"));
+  }
+  if (rowsx > 0) {
+    segs.push_back(ref::quantized_matrix::from_bytes(ggml_type::iq4_xs, rowsx, k, bx.data(),
+                                                     bx.size(), "iq4xs"));
+  }
   return {std::move(segs), std::move(w), std::move(offsets)};
 }
 
-// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K and Q3_K rows (random_quantized_layer) multiplies
+// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, Q3_K, IQ4_NL and IQ4_XS rows
+// (random_quantized_layer) multiplies
 // like the values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from
 // the blocks, four rows a pass: 5 and 8 take two; Q5_K and Q3_K on AVX-512 only) and at 9, 17
 // and 40 (decoded rows times the transposed input in tiles of one and two vectors of columns, 40
@@ -812,7 +852,7 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
 TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
   std::mt19937 rng(23);
   const Eigen::Index k = 512;
-  quantized_layer_case lc = random_quantized_layer(rng, k, true, true);
+  quantized_layer_case lc = random_quantized_layer(rng, k, true, true, true);
   const std::vector<std::vector<double>>& w = lc.w;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());
   const ref::linear layer(std::move(lc.segs), ref::vector());

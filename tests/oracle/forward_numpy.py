@@ -7,7 +7,10 @@ Usage: forward_numpy.py PREPACK_DEMO WORKDIR
 Passes when every prompt's last-token logits agree within 1e-3 of the logits' scale and the
 arg-max token agrees (unless the top two are within that bound), both with the file's quantized
 projections held as stored (the demo's default) and dequantized at load (--widen), and the two
-agree within 1e-5 of the logits' scale (the same function; only fp32 rounding may differ)."""
+agree within 1e-5 of the logits' scale (the same function; only fp32 rounding may differ). The
+same for the model requantized to IQ4_XS by llama.cpp's own quantizer (llama_model_quantize,
+from llama-cpp-python), as a user's IQ4_XS download is: rows whose width is not a multiple of
+256 (SmolLM2's 576) fall back to IQ4_NL there, so the file holds both."""
 import os
 import subprocess
 import sys
@@ -83,13 +86,26 @@ def last_logits(cfg, w, tokens):
     return (h @ head.T)[0]
 
 
-def main():
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    demo, work = sys.argv[1], sys.argv[2]
-    path = oracle.model()
-    os.makedirs(work, exist_ok=True)
+def requantized(src, work):
+    """src requantized to IQ4_XS by libllama (llama-cpp-python's llama_model_quantize)."""
+    import ctypes
+    llama = oracle.need("llama_cpp")
+    dst = os.path.join(work, "requantized-IQ4_XS.gguf")
+    p = llama.llama_model_quantize_default_params()
+    p.ftype = llama.LLAMA_FTYPE_MOSTLY_IQ4_XS
+    p.nthread = 2
+    p.allow_requantize = True
+    rc = llama.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
+    if rc != 0:
+        oracle.fail(f"llama_model_quantize {src} -> IQ4_XS returned {rc}")
+    return dst
+
+
+def check(demo, path, work):
+    """prepack_demo's last-token logits of `path`, held and widened, against NumPy's."""
     cfg, w = load(path)
+    types = sorted({gguf.GGMLQuantizationType(t.tensor_type).name
+                    for t in gguf.GGUFReader(path).tensors})
     vocab = w["token_embd.weight"].shape[0]
     rng = np.random.default_rng(22)
     prompts = [list(rng.integers(0, vocab, n)) for n in (1, 7, 23, 40)]
@@ -100,13 +116,14 @@ def main():
             f.write(" ".join(str(int(t)) for t in p) + "\n")
     wants = [last_logits(cfg, w, np.array(p)) for p in prompts]
     got = {}
+    name = f"{os.path.basename(path)} ({', '.join(types)})"
     for mode, flags in (("held", []), ("widened", ["--widen"])):
         lfile = os.path.join(work, f"logits_{mode}.f32")
         r = subprocess.run([demo, "--model", path, "--prompts", pfile, "--logits", lfile,
                             "--new-tokens", "1"] + flags, capture_output=True, text=True,
                            check=False)
         if r.returncode != 0:
-            oracle.fail(f"prepack_demo {mode} exited {r.returncode}: {r.stdout}{r.stderr}")
+            oracle.fail(f"{name}: prepack_demo {mode} exited {r.returncode}: {r.stdout}{r.stderr}")
         ours = np.fromfile(lfile, dtype=np.float32).reshape(len(prompts), vocab)
         got[mode] = ours
         worst = 0.0
@@ -117,19 +134,29 @@ def main():
             worst = max(worst, diff)
             top = np.sort(want)[-2:]
             if diff > 1e-3:
-                oracle.fail(f"{mode}: prompt {i} ({len(p)} tokens): logits differ by {diff:.3g} "
-                            "of their scale")
+                oracle.fail(f"{name}: {mode}: prompt {i} ({len(p)} tokens): logits differ by "
+                            f"{diff:.3g} of their scale")
             if int(np.argmax(ours[i])) != int(np.argmax(want)) and top[1] - top[0] > 1e-3 * scale:
-                oracle.fail(f"{mode}: prompt {i}: arg-max {int(np.argmax(ours[i]))}, NumPy "
-                            f"{int(np.argmax(want))}")
-        print(f"{mode}: last-token logits equal NumPy's forward pass of "
-              f"{os.path.basename(path)} within {worst:.3g} of their scale ({len(prompts)} "
-              "prompts, bound 1e-3)")
+                oracle.fail(f"{name}: {mode}: prompt {i}: arg-max {int(np.argmax(ours[i]))}, "
+                            f"NumPy {int(np.argmax(want))}")
+        print(f"{mode}: last-token logits equal NumPy's forward pass of {name} within "
+              f"{worst:.3g} of their scale ({len(prompts)} prompts, bound 1e-3)")
     scale = max(1.0, float(np.abs(got["widened"]).max()))
     between = float(np.abs(got["held"] - got["widened"]).max()) / scale
     if between > 1e-5:
-        oracle.fail(f"held and widened projections differ by {between:.3g} of the logits' scale")
+        oracle.fail(f"{name}: held and widened projections differ by {between:.3g} of the "
+                    "logits' scale")
     print(f"held against widened: {between:.3g} of the logits' scale (bound 1e-5)")
+    return w, pfile
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    demo, work = sys.argv[1], sys.argv[2]
+    path = oracle.model()
+    os.makedirs(work, exist_ok=True)
+    w, pfile = check(demo, path, work)
     # Memory: under a limit of 3/4 of the weights in fp32, --widen is refused with the advice
     # that holding the file's projections fits, and the default (held) runs under it.
     fp32 = 4 * sum(int(np.prod(t.shape)) for t in w.values())
@@ -142,6 +169,7 @@ def main():
     if r.returncode != 0:
         oracle.fail(f"held under --memory-limit {limit}: exit {r.returncode}, {r.stderr}")
     print(f"under --memory-limit {limit} (MiB): --widen refused naming what fits, held runs")
+    check(demo, requantized(path, work), work)
 
 
 main()

@@ -1,7 +1,8 @@
 // prepack/checkpoint/gguf.hpp - a reader for GGUF (versions 2 and 3), llama.cpp's model format:
 // its metadata and its tensor table, parsed from bytes (a mapped_file, or any buffer) with every
 // offset, count and size checked, and tensors dequantized to fp32 one at a time
-// (checkpoint/quant.hpp: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K).
+// (checkpoint/quant.hpp: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K .. Q6_K,
+// IQ4_NL, IQ4_XS).
 // Standard library only.
 //
 // Layout (little-endian): "GGUF", version u32, tensor count u64, metadata count u64; metadata as
@@ -499,7 +500,7 @@ class gguf_file {
             name_, ": tensor ", t.name, ": type ", type_name != nullptr ? type_name : "",
             type_name != nullptr ? " (" : "", raw_type, type_name != nullptr ? ")" : "",
             " is not supported (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, "
-            "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)");
+            "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)");
       }
       prepack::detail::require(t.dims[0] % block->elements == 0, name_, ": tensor ", t.name, ": ",
                                ggml_type_name(t.type), " row of ", t.dims[0],

@@ -1,9 +1,9 @@
 // prepack/checkpoint/quant.hpp - ggml's tensor types (the numbers GGUF files store), the size of
 // their blocks, and their dequantization to fp32 exactly as ggml defines each block
 // (ggml-common.h, dequantize_row_* in ggml-quants.c): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
-// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Results equal gguf-py's gguf.quants.dequantize bit for bit:
-// every product and sum is rounded to fp32 on its own, never fused into an FMA.
-// Standard library only. Cost: O(elements) per row, no allocation.
+// Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS. Results equal gguf-py's
+// gguf.quants.dequantize bit for bit: every product and sum is rounded to fp32 on its own, never
+// fused into an FMA. Standard library only. Cost: O(elements) per row, no allocation.
 #pragma once
 
 #include <cstddef>
@@ -166,16 +166,18 @@ inline std::optional<ggml_block> dequantizable_block(ggml_type t) noexcept {
       return ggml_block{qk_k, 2 + 2 + 12 + qk_k / 8 + qk_k / 2};
     case ggml_type::q6_k:
       return ggml_block{qk_k, qk_k / 2 + qk_k / 4 + qk_k / 16 + 2};
+    case ggml_type::iq4_nl:
+      return ggml_block{32, 2 + 16};
+    case ggml_type::iq4_xs:
+      return ggml_block{qk_k, 2 + 2 + qk_k / 64 + qk_k / 2};
     case ggml_type::q8_1:
     case ggml_type::q8_k:
     case ggml_type::iq2_xxs:
     case ggml_type::iq2_xs:
     case ggml_type::iq3_xxs:
     case ggml_type::iq1_s:
-    case ggml_type::iq4_nl:
     case ggml_type::iq3_s:
     case ggml_type::iq2_s:
-    case ggml_type::iq4_xs:
     case ggml_type::i8:
     case ggml_type::i16:
     case ggml_type::i32:
@@ -207,6 +209,18 @@ inline float rounded(float x) noexcept {
   volatile float v = x;
   return v;
 #endif
+}
+
+// The 16 values IQ4_NL's and IQ4_XS's 4-bit indices stand for (ggml-common.h, kvalues_iq4nl).
+inline constexpr std::int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                  1,    13,   25,  38,  53,  69,  89,  113};
+
+// The 6-bit scale ls of 32-value sub-block ib of an IQ4_XS block (its value: ls - 32): low 4
+// bits from the nibble ib % 2 of byte ib / 2 of scales_l, high 2 from bits 2 ib of scales_h.
+inline int scale_iq4xs(int ib, unsigned scales_h, const unsigned char* scales_l) noexcept {
+  return static_cast<int>(((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xFu) |
+                          (((scales_h >> (2 * ib)) & 3u) << 4)) -
+         32;
 }
 
 // 6-bit scale and min j of a Q4_K / Q5_K block's 12 packed bytes (get_scale_min_k4).
@@ -419,6 +433,29 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
       }
       return;
     }
+    case ggml_type::iq4_nl: {  // d, 16 bytes of two 4-bit indices: d kvalues_iq4nl[q]
+      const float d = fp16(p);
+      const unsigned char* qs = p + 2;
+      for (int j = 0; j < 16; ++j) {
+        y[j] = d * static_cast<float>(kvalues_iq4nl[qs[j] & 0x0F]);
+        y[j + 16] = d * static_cast<float>(kvalues_iq4nl[qs[j] >> 4]);
+      }
+      return;
+    }
+    case ggml_type::iq4_xs: {  // d, 16 bits of high scale bits, 4 bytes of low ones, 128 bytes
+                               // of indices: (d (ls - 32)) kvalues_iq4nl[q] per 32 values
+      const float d = fp16(p);
+      const unsigned scales_h = le16(p + 2);
+      const unsigned char* qs = p + 8;
+      for (int ib = 0; ib < 8; ++ib, qs += 16, y += 32) {
+        const float dl = d * static_cast<float>(scale_iq4xs(ib, scales_h, p + 4));
+        for (int j = 0; j < 16; ++j) {
+          y[j] = dl * static_cast<float>(kvalues_iq4nl[qs[j] & 0x0F]);
+          y[j + 16] = dl * static_cast<float>(kvalues_iq4nl[qs[j] >> 4]);
+        }
+      }
+      return;
+    }
     default:
       PREPACK_ASSERT(false && "dequantize_block: a type without a block");
       return;
@@ -427,7 +464,8 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define PREPACK_DEQUANTIZE_AVX2 1
-// dequantize_block<false> in vectors, for every block type but Q2_K: the compiler vectorises
+// dequantize_block<false> in vectors, for every block type but Q2_K (IQ4's indices looked up
+// 32 at a time by a byte shuffle): the compiler vectorises
 // the loops above poorly or not at all on some (a core, ns a value, AVX-512 / AVX2 builds: Q4_0
 // 0.07 / 0.43 -> 0.04 / 0.06, Q4_1 0.09 / 0.51 -> 0.04 / 0.06, Q3_K 0.16 / 0.55 -> 0.05 /
 // 0.08, Q6_K 0.20 / 0.18 -> 0.05 / 0.06). A block's values are made as 32 signed bytes at a
@@ -589,6 +627,26 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       }
       return;
     }
+    case ggml_type::iq4_nl:
+    case ggml_type::iq4_xs: {  // each 16-byte group of indices looked up as 32 values
+      const __m128i table = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(static_cast<const void*>(kvalues_iq4nl)));
+      const __m256i values = _mm256_setr_m128i(table, table);
+      const auto lookup = [&](const unsigned char* q) {
+        return _mm256_shuffle_epi8(values, nibbles32(q));
+      };
+      const float d = fp16_fast(p);
+      if (type == ggml_type::iq4_nl) {
+        widen32(lookup(p + 2), d, d, y);
+        return;
+      }
+      const unsigned scales_h = le16(p + 2);
+      for (int ib = 0; ib < 8; ++ib, y += 32) {
+        const float dl = d * static_cast<float>(scale_iq4xs(ib, scales_h, p + 4));
+        widen32(lookup(p + 8 + 16 * ib), dl, dl, y);
+      }
+      return;
+    }
     default:
       dequantize_block<false>(type, p, y);
       return;
@@ -663,6 +721,8 @@ inline void dequantize_fast(ggml_type type, const unsigned char* src, std::size_
     PREPACK_DEQUANTIZE_CASE(q4_k)
     PREPACK_DEQUANTIZE_CASE(q5_k)
     PREPACK_DEQUANTIZE_CASE(q6_k)
+    PREPACK_DEQUANTIZE_CASE(iq4_nl)
+    PREPACK_DEQUANTIZE_CASE(iq4_xs)
 #undef PREPACK_DEQUANTIZE_CASE
     default:  // F16, BF16: one value a block
       for (std::size_t k = 0; k < blocks; ++k) {
