@@ -890,12 +890,12 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
 // rounding; it equals that dot with the activations quantized as stated (q = a / d_b to
 // nearest, ties to even; evaluated here in double from those q); and a row's result is
 // the same bits whatever rows multiply beside it (1 to 70 rows, tiles of 64 crossed), so packing
-// keeps every request equal to running it alone. Rows of 512 values (all seven types) and of
-// 17 32-value blocks (Q8_0, Q4_0, Q4_1: the kernels' steps of four and two blocks, then an odd
-// last one).
+// keeps every request equal to running it alone. Rows of 512 values (all nine types) and of
+// 17 32-value blocks (Q8_0, Q4_0, Q4_1, IQ4_NL: the kernels' steps of four and two blocks, then
+// an odd last one).
 void int8_dots_within_their_bound(Eigen::Index k) {
   std::mt19937 rng(29);
-  quantized_layer_case lc = random_quantized_layer(rng, k, true, true);
+  quantized_layer_case lc = random_quantized_layer(rng, k, true, true, true);
   const std::vector<std::vector<double>>& w = lc.w;
   const std::vector<std::vector<double>>& offset = lc.offset;
   const Eigen::Index n = static_cast<Eigen::Index>(w.size());

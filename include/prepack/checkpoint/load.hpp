@@ -58,10 +58,11 @@ struct info {
 /// How checkpoint::open hands the weights over.
 struct open_options {
   /// The layers' projections, the token embedding and the LM head stored in ggml's quantized
-  /// blocks (Q4_0 ... Q6_K) handed over as they are stored (layer_weights::quantized,
-  /// weight_source::embed_quantized / lm_head_quantized), for the model to hold at the file's
-  /// size and decode inside its GEMMs; false: every tensor dequantized to fp32 (the form any
-  /// consumer of layer_weights reads). Plain float types (F32, F16, BF16) are always widened.
+  /// blocks (Q4_0 ... Q6_K, IQ4_NL, IQ4_XS) handed over as they are stored
+  /// (layer_weights::quantized, weight_source::embed_quantized / lm_head_quantized), for the model
+  /// to hold at the file's size and decode inside its GEMMs; false: every tensor dequantized to
+  /// fp32 (the form any consumer of layer_weights reads). Plain float types (F32, F16, BF16) are
+  /// always widened.
   bool hold_quantized = false;
 };
 

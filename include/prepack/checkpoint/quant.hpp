@@ -215,9 +215,16 @@ inline float rounded(float x) noexcept {
 inline constexpr std::int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                   1,    13,   25,  38,  53,  69,  89,  113};
 
-// The 6-bit scale ls of 32-value sub-block ib of an IQ4_XS block (its value: ls - 32): low 4
+// kvalues_iq4nl[q & 15] as an int (through its byte's bits, as a signed byte is read).
+inline int kvalue_iq4nl(unsigned q) noexcept {
+  const auto u = static_cast<unsigned char>(kvalues_iq4nl[q & 0x0Fu]);
+  return u < 128 ? u : u - 256;
+}
+
+// The 6-bit scale ls of 32-value sub-block ib of an IQ4_XS block, minus 32 (its factor): low 4
 // bits from the nibble ib % 2 of byte ib / 2 of scales_l, high 2 from bits 2 ib of scales_h.
-inline int scale_iq4xs(int ib, unsigned scales_h, const unsigned char* scales_l) noexcept {
+inline int scale_iq4xs(std::ptrdiff_t ib, unsigned scales_h,
+                       const unsigned char* scales_l) noexcept {
   return static_cast<int>(((scales_l[ib / 2] >> (4 * (ib % 2))) & 0xFu) |
                           (((scales_h >> (2 * ib)) & 3u) << 4)) -
          32;
@@ -437,8 +444,8 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
       const float d = fp16(p);
       const unsigned char* qs = p + 2;
       for (int j = 0; j < 16; ++j) {
-        y[j] = d * static_cast<float>(kvalues_iq4nl[qs[j] & 0x0F]);
-        y[j + 16] = d * static_cast<float>(kvalues_iq4nl[qs[j] >> 4]);
+        y[j] = d * static_cast<float>(kvalue_iq4nl(qs[j]));
+        y[j + 16] = d * static_cast<float>(kvalue_iq4nl(qs[j] >> 4u));
       }
       return;
     }
@@ -447,11 +454,11 @@ dequantize_block(ggml_type type, const unsigned char* p, float* y) noexcept {
       const float d = fp16(p);
       const unsigned scales_h = le16(p + 2);
       const unsigned char* qs = p + 8;
-      for (int ib = 0; ib < 8; ++ib, qs += 16, y += 32) {
+      for (std::ptrdiff_t ib = 0; ib < 8; ++ib, qs += 16, y += 32) {
         const float dl = d * static_cast<float>(scale_iq4xs(ib, scales_h, p + 4));
         for (int j = 0; j < 16; ++j) {
-          y[j] = dl * static_cast<float>(kvalues_iq4nl[qs[j] & 0x0F]);
-          y[j + 16] = dl * static_cast<float>(kvalues_iq4nl[qs[j] >> 4]);
+          y[j] = dl * static_cast<float>(kvalue_iq4nl(qs[j]));
+          y[j + 16] = dl * static_cast<float>(kvalue_iq4nl(qs[j] >> 4u));
         }
       }
       return;
@@ -641,7 +648,7 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
         return;
       }
       const unsigned scales_h = le16(p + 2);
-      for (int ib = 0; ib < 8; ++ib, y += 32) {
+      for (std::ptrdiff_t ib = 0; ib < 8; ++ib, y += 32) {
         const float dl = d * static_cast<float>(scale_iq4xs(ib, scales_h, p + 4));
         widen32(lookup(p + 8 + 16 * ib), dl, dl, y);
       }

@@ -331,6 +331,39 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
         }
       }
     }
+  } else if (type == checkpoint::ggml_type::iq4_nl || type == checkpoint::ggml_type::iq4_xs) {
+    // IQ4_NL (18 bytes: d, 16 bytes of indices) and IQ4_XS's 32-value sub-blocks (scale d (ls
+    // - 32)): the 16 values s kvalues_iq4nl[q], each product rounded once as decoding gives it;
+    // even blocks (sub-blocks) into accumulators 0, 1, odd ones into 2, 3 (pairs a step: the
+    // accumulators named at compile time)
+    const __m512 kv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl))));
+    const auto block = [&](float s, const unsigned char* q, const float* x, int u) {
+      const __m512 v = _mm512_mul_ps(_mm512_set1_ps(s), kv);
+      const __m512i n = bytes16(q);
+      look(n, v, x, u);
+      look(high(n), v, x + 16, u + 1);
+    };
+    if (type == checkpoint::ggml_type::iq4_nl) {
+      for_block_pairs(
+          p, k / 32, 18, 0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            block(fp16_scale(q0), q0 + 2, a + b * 32, 0);
+            if (!one) block(fp16_scale(q1), q1 + 2, a + (b + 1) * 32, 2);
+          });
+    } else {
+      for (std::int64_t b = 0; b < k / 256; ++b, p += 136) {
+        const float d = fp16_scale(p);
+        const unsigned scales_h = checkpoint::detail::le16(p + 2);
+        const auto scale = [&](std::ptrdiff_t ib) {
+          return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
+        };
+        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
+          block(scale(ib), p + 8 + 16 * ib, a + b * 256 + 32 * ib, 0);
+          block(scale(ib + 1), p + 24 + 16 * ib, a + b * 256 + 32 * ib + 32, 2);
+        }
+      }
+    }
   } else {  // Q4_0 (18 bytes: d, 16 bytes) or Q4_1 (20: d, m, 16): value j < 16 byte j's low
     // nibble, j >= 16 byte j - 16's high one; even blocks into accumulators 0, 1, odd into 2, 3
     const bool q41 = type == checkpoint::ggml_type::q4_1;
@@ -367,7 +400,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 #if defined(__AVX512F__)
   if (type == checkpoint::ggml_type::q4_0 || type == checkpoint::ggml_type::q4_1 ||
       type == checkpoint::ggml_type::q4_k || type == checkpoint::ggml_type::q5_k ||
-      type == checkpoint::ggml_type::q3_k) {
+      type == checkpoint::ggml_type::q3_k || type == checkpoint::ggml_type::iq4_nl ||
+      type == checkpoint::ggml_type::iq4_xs) {
     fused_dot_lookup<M>(type, p, k, a, lda, y);
     return;
   }
@@ -453,6 +487,46 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
     for (int i = 0; i < M; ++i) {
       acc[i][0] = fused_add(acc[i][0], mins[i][0]);
       acc[i][1] = fused_add(acc[i][1], mins[i][1]);
+    }
+  } else if (type == checkpoint::ggml_type::iq4_nl || type == checkpoint::ggml_type::iq4_xs) {
+    // 32 values (an IQ4_NL block, a sub-block of IQ4_XS): 16 bytes of indices looked up as
+    // int8 kvalues_iq4nl by a byte shuffle, widened, then s (v . a); even blocks (sub-blocks)
+    // into accumulator 0, odd ones into 1
+    const __m128i table =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl));
+    const auto block = [&](float s, const unsigned char* nib, const float* x, int u_acc) {
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
+      fused_vec lo[fused_per16], hi[fused_per16], v[fused_per];
+      fused_widen16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, mask)), lo);
+      fused_widen16(_mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(bytes, 4), mask)), hi);
+      for (std::ptrdiff_t u = 0; u < fused_per16; ++u) {
+        v[u] = lo[u];
+        v[u + fused_per16] = hi[u];
+      }
+      const fused_vec d = fused_set1(s);
+      for (int i = 0; i < M; ++i) {
+        acc[i][u_acc] = fused_fma(fused_dot32(v, x + i * lda), d, acc[i][u_acc]);
+      }
+    };
+    if (type == checkpoint::ggml_type::iq4_nl) {
+      for_block_pairs(
+          p, k / 32, 18, 0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            block(fp16_scale(q0), q0 + 2, a + b * 32, 0);
+            if (!one) block(fp16_scale(q1), q1 + 2, a + (b + 1) * 32, 1);
+          });
+    } else {
+      for (std::int64_t b = 0; b < k / 256; ++b, p += 136) {
+        const float d = fp16_scale(p);
+        const unsigned scales_h = checkpoint::detail::le16(p + 2);
+        const auto scale = [&](std::ptrdiff_t ib) {
+          return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
+        };
+        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
+          block(scale(ib), p + 8 + 16 * ib, a + b * 256 + 32 * ib, 0);
+          block(scale(ib + 1), p + 24 + 16 * ib, a + b * 256 + 32 * ib + 32, 1);
+        }
+      }
     }
   } else if (type == checkpoint::ggml_type::q4_1) {
     // 32 values: d, m, 16 bytes (low nibbles j < 16, high ones j >= 16): d (q . a) + m (sum a),
@@ -594,7 +668,8 @@ constexpr bool int8_dot_type(checkpoint::ggml_type type) noexcept {
   return type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
          type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
          type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q6_k ||
-         type == checkpoint::ggml_type::q3_k;
+         type == checkpoint::ggml_type::q3_k || type == checkpoint::ggml_type::iq4_nl ||
+         type == checkpoint::ggml_type::iq4_xs;
 }
 
 // The scalar terms of a row's dot (Q4_1's m_w s_b, Q4_K's -dmin m_j s_b) are summed in 8
@@ -836,6 +911,35 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
           [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
             offset8_pair(nibbles2(q0 + 2, q1 + 2), b, one, block_scales(q0, q1, b, one));
           });
+      break;
+    }
+    case ggml_type::iq4_nl: {  // the indices looked up as int8 kvalues_iq4nl, then as Q8_0
+      const __m512i table = _mm512_broadcast_i32x4(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl)));
+      for_block_pairs(
+          p, nb, 18, 0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            signed_pair(_mm512_shuffle_epi8(table, nibbles2(q0 + 2, q1 + 2)), b, one,
+                        block_scales(q0, q1, b, one));
+          });
+      break;
+    }
+    case ggml_type::iq4_xs: {  // IQ4_NL's values, a scale d (ls - 32) each 32-value sub-block
+      const __m512i table = _mm512_broadcast_i32x4(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl)));
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 136) {
+        const float d = int8_fp16(p);
+        const unsigned scales_h = checkpoint::detail::le16(p + 2);
+        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
+          const float d0 = d *
+                           static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4)),
+                      d1 = d * static_cast<float>(
+                                   checkpoint::detail::scale_iq4xs(ib + 1, scales_h, p + 4));
+          const std::int64_t b = sb * 8 + ib;
+          signed_pair(_mm512_shuffle_epi8(table, nibbles2(p + 8 + 16 * ib, p + 24 + 16 * ib)), b,
+                      false, [&](int i) { return pair(d0 * ad[i][b], d1 * ad[i][b + 1]); });
+        }
+      }
       break;
     }
     case ggml_type::q4_1: {
@@ -1111,6 +1215,32 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         signed_block(_mm256_sub_epi8(nibbles(q + 2), eight), b, int8_fp16(q), u_acc);
       });
       break;
+    case ggml_type::iq4_nl:
+    case ggml_type::iq4_xs: {  // the indices looked up as int8 kvalues_iq4nl, then as Q8_0
+      const __m256i table = _mm256_broadcastsi128_si256(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl)));
+      const auto values = [&](const unsigned char* q16) {
+        return _mm256_shuffle_epi8(table, nibbles(q16));
+      };
+      if (type == ggml_type::iq4_nl) {
+        two_blocks_a_step(18, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
+          signed_block(values(q + 2), b, int8_fp16(q), u_acc);
+        });
+        break;
+      }
+      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 136) {  // a scale d (ls - 32) each
+        const float d = int8_fp16(p);                            // 32-value sub-block
+        const unsigned scales_h = checkpoint::detail::le16(p + 2);
+        const auto scale = [&](std::ptrdiff_t ib) {
+          return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
+        };
+        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
+          signed_block(values(p + 8 + 16 * ib), sb * 8 + ib, scale(ib), even{});
+          signed_block(values(p + 24 + 16 * ib), sb * 8 + ib + 1, scale(ib + 1), odd{});
+        }
+      }
+      break;
+    }
     case ggml_type::q4_1:
       two_blocks_a_step(20, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
         unsigned_block(nibbles(q + 4), b, int8_fp16(q), u_acc);
@@ -1251,6 +1381,24 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       }
       break;
     }
+    case ggml_type::iq4_nl:
+    case ggml_type::iq4_xs: {
+      const bool xs = type == ggml_type::iq4_xs;
+      for (std::int64_t b = 0; b < nb; ++b) {  // a block of IQ4_NL, a sub-block of IQ4_XS
+        const unsigned char* blk = xs ? p + b / 8 * 136 : p + b * 18;
+        const std::ptrdiff_t ib = b % 8;
+        const unsigned char* qs = xs ? blk + 8 + 16 * ib : blk + 2;
+        const float s = xs ? fp16(blk) * static_cast<float>(checkpoint::detail::scale_iq4xs(
+                                             ib, checkpoint::detail::le16(blk + 2), blk + 4))
+                           : fp16(blk);
+        for (int j = 0; j < 16; ++j) {
+          w[j] = checkpoint::detail::kvalue_iq4nl(qs[j]);
+          w[j + 16] = checkpoint::detail::kvalue_iq4nl(qs[j] >> 4u);
+        }
+        for (int i = 0; i < M; ++i) y[i] += s * ad[i][b] * dot(i, b, w, 32, 0);
+      }
+      break;
+    }
     case ggml_type::q4_k:
     case ggml_type::q5_k: {
       const bool q5 = type == ggml_type::q5_k;
@@ -1326,7 +1474,8 @@ constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
   return PREPACK_FUSED_DOT &&
          (type == checkpoint::ggml_type::q8_0 || type == checkpoint::ggml_type::q4_0 ||
           type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
-          type == checkpoint::ggml_type::q6_k ||
+          type == checkpoint::ggml_type::q6_k || type == checkpoint::ggml_type::iq4_nl ||
+          type == checkpoint::ggml_type::iq4_xs ||
           (PREPACK_FUSED_LOOKUP &&
            (type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q3_k)));
 }
