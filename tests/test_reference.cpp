@@ -570,22 +570,25 @@ TEST(Reference, EngineFacingMaskedPrefillMatchesLayoutPrefill) {
 // d sc q - dmin m with get_scale_min_k4's 6-bit scales and mins, low nibbles then high ones per
 // 64 values; q6_K: d sc (ql | qh << 4 - 32), 16-value groups of int8 scales; with `q5k` also
 // Q5_K rows, q5_K: Q4_K's values plus 16 where bit j of qh[l] is set; with `q3k` then Q3_K rows,
-// q3_K: d (sc - 32) (2 bits - 4 where the high bit is clear), 16-value groups of 6-bit scales),
-// with the part of each value that is an offset rather than a multiple of q.
+// q3_K: d (sc - 32) (2 bits - 4 where the high bit is clear), 16-value groups of 6-bit scales;
+// with `more` then IQ4_NL, IQ4_XS (iq4_nl: d kvalues_iq4nl[q]; iq4_xs: d (ls - 32) of each 32
+// values), Q5_0 and Q5_1 rows (q5_0: d ((q | bit j of qh << 4) - 16); q5_1: d q + m)), with the
+// part of each value that is an offset rather than a multiple of q.
 struct quantized_layer_case {
   std::vector<ref::quantized_matrix> segs;
   std::vector<std::vector<double>> w;       // [row][k]
-  std::vector<std::vector<double>> offset;  // [row][k]  the part of w not scaled by q: Q4_1's m,
-                                            // Q4_K's -dmin m (0 for the other types)
+  std::vector<std::vector<double>> offset;  // [row][k]  the part of w not scaled by q: Q4_1's
+                                            // and Q5_1's m, Q4_K's -dmin m (0 for the others)
 };
 quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, bool q5k = false,
-                                            bool q3k = false, bool iq4 = false) {
+                                            bool q3k = false, bool more = false) {
   using prepack::checkpoint::ggml_type;
   // the K-quants' 256-value blocks only where k holds them
   const bool k_quants = k % 256 == 0;
   const Eigen::Index rows8 = 7, rows4 = 6, rowsk = k_quants ? 5 : 0, rows6 = k_quants ? 4 : 0,
                      rows1 = 3, rows5 = k_quants && q5k ? 5 : 0, rows3 = k_quants && q3k ? 5 : 0,
-                     rowsn = iq4 ? 3 : 0, rowsx = k_quants && iq4 ? 4 : 0;
+                     rowsn = more ? 3 : 0, rowsx = k_quants && more ? 4 : 0, rows50 = more ? 3 : 0,
+                     rows51 = more ? 3 : 0;
   const auto fp16 = [&](unsigned char* at, float v) {
     const std::uint16_t h = prepack::half::from_float(v);
     at[0] = static_cast<unsigned char>(h & 0xFF);
@@ -600,6 +603,8 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
                               : t == ggml_type::q3_k   ? 110
                               : t == ggml_type::iq4_nl ? 18
                               : t == ggml_type::iq4_xs ? 136
+                              : t == ggml_type::q5_0   ? 22
+                              : t == ggml_type::q5_1   ? 24
                                                        : 210;
     const Eigen::Index values = t == ggml_type::q4_k || t == ggml_type::q5_k ||
                                         t == ggml_type::q6_k || t == ggml_type::q3_k ||
@@ -620,7 +625,9 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
       if (t == ggml_type::q4_k || t == ggml_type::q5_k) {
         fp16(&b[i + 2], 0.002f * static_cast<float>(rng() % 8));
       }
-      if (t == ggml_type::q4_1) fp16(&b[i + 2], 0.05f * static_cast<float>(rng() % 9) - 0.2f);
+      if (t == ggml_type::q4_1 || t == ggml_type::q5_1) {
+        fp16(&b[i + 2], 0.05f * static_cast<float>(rng() % 9) - 0.2f);
+      }
     }
     return b;
   };
@@ -628,7 +635,8 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
              bk = blocks(ggml_type::q4_k, rowsk), b6 = blocks(ggml_type::q6_k, rows6),
              b1 = blocks(ggml_type::q4_1, rows1), b5 = blocks(ggml_type::q5_k, rows5),
              b3 = blocks(ggml_type::q3_k, rows3), bn = blocks(ggml_type::iq4_nl, rowsn),
-             bx = blocks(ggml_type::iq4_xs, rowsx);
+             bx = blocks(ggml_type::iq4_xs, rowsx), b50 = blocks(ggml_type::q5_0, rows50),
+             b51 = blocks(ggml_type::q5_1, rows51);
   // The rows' values by the definitions, in double.
   std::vector<std::vector<double>> w, offsets;
   for (Eigen::Index r = 0; r < rows8; ++r) {
@@ -810,6 +818,30 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
     w.push_back(row);
     offsets.emplace_back(static_cast<std::size_t>(k));
   }
+  // dequantize_row_q5_0 / _q5_1: (nibble | bit j of the 32-bit qh as 16 on value j) - 16, times
+  // d; Q5_1 d q + m
+  for (Eigen::Index r = 0; r < rows50 + rows51; ++r) {
+    const bool q51 = r >= rows50;
+    std::vector<double> row, off;
+    for (Eigen::Index b = 0; b < k / 32; ++b) {
+      const unsigned char* p =
+          q51 ? b51.data() + static_cast<std::size_t>((r - rows50) * k / 32 + b) * 24
+              : b50.data() + static_cast<std::size_t>(r * k / 32 + b) * 22;
+      const double d = prepack::half::to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+      const double m =
+          q51 ? prepack::half::to_float(static_cast<std::uint16_t>(p[2] | (p[3] << 8))) : 0.0;
+      const unsigned char* qh = p + (q51 ? 4 : 2);
+      const unsigned char* qs = p + (q51 ? 8 : 6);
+      for (int j = 0; j < 32; ++j) {
+        const int nibble = j < 16 ? qs[j] & 0xF : qs[j - 16] >> 4;
+        const int high = (qh[j / 8] >> (j % 8)) & 1;
+        row.push_back(d * ((nibble | (high << 4)) - (q51 ? 0 : 16)) + m);
+        off.push_back(m);
+      }
+    }
+    w.push_back(row);
+    offsets.push_back(off);
+  }
   std::vector<ref::quantized_matrix> segs;
   segs.push_back(
       ref::quantized_matrix::from_bytes(ggml_type::q8_0, rows8, k, b8.data(), b8.size(), "q8"));
@@ -839,10 +871,16 @@ quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, b
     segs.push_back(ref::quantized_matrix::from_bytes(ggml_type::iq4_xs, rowsx, k, bx.data(),
                                                      bx.size(), "iq4xs"));
   }
+  if (rows50 > 0) {
+    segs.push_back(ref::quantized_matrix::from_bytes(ggml_type::q5_0, rows50, k, b50.data(),
+                                                     b50.size(), "q50"));
+    segs.push_back(ref::quantized_matrix::from_bytes(ggml_type::q5_1, rows51, k, b51.data(),
+                                                     b51.size(), "q51"));
+  }
   return {std::move(segs), std::move(w), std::move(offsets)};
 }
 
-// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, Q3_K, IQ4_NL and IQ4_XS rows
+// A layer of Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, Q5_K, Q3_K, IQ4_NL, IQ4_XS, Q5_0 and Q5_1 rows
 // (random_quantized_layer) multiplies
 // like the values its blocks define; at 1 to 8 rows (where AVX2 / AVX-512 builds dot straight from
 // the blocks, four rows a pass: 5 and 8 take two; Q5_K and Q3_K on AVX-512 only) and at 9, 17
@@ -890,9 +928,9 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
 // rounding; it equals that dot with the activations quantized as stated (q = a / d_b to
 // nearest, ties to even; evaluated here in double from those q); and a row's result is
 // the same bits whatever rows multiply beside it (1 to 70 rows, tiles of 64 crossed), so packing
-// keeps every request equal to running it alone. Rows of 512 values (all nine types) and of
-// 17 32-value blocks (Q8_0, Q4_0, Q4_1, IQ4_NL: the kernels' steps of four and two blocks, then
-// an odd last one).
+// keeps every request equal to running it alone. Rows of 512 values (all eleven types) and of
+// 17 32-value blocks (Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1: the kernels' steps of four and two
+// blocks, then an odd last one).
 void int8_dots_within_their_bound(Eigen::Index k) {
   std::mt19937 rng(29);
   quantized_layer_case lc = random_quantized_layer(rng, k, true, true, true);

@@ -74,8 +74,8 @@ inline void add_model_flags(CLI::App& app, model_flags& f) {
       ->needs(model)
       ->group(group);
   app.add_flag("--int8-activations", f.int8,
-               "dot the held Q8_0 / Q4_0 / Q4_1 / Q3_K / Q4_K / Q5_K / Q6_K /\n"
-               "IQ4_NL / IQ4_XS rows\n"
+               "dot the held Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K /\n"
+               "Q6_K / IQ4_NL / IQ4_XS rows\n"
                "with activations quantized to 8 bits per 32 values, as llama.cpp does\n"
                "(faster; each dot within half a quantization step of its activations,\n"
                "not fp32-exact)")

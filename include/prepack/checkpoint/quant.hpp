@@ -530,6 +530,21 @@ inline __m256i bits32(__m256i v, int shift, char mask) noexcept {
   return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(mask));
 }
 
+// The 32 5-bit values of a Q5_0 / Q5_1 block as bytes: the nibbles at qs (low ones for values
+// 0-15, high ones for 16-31), and 16 on value j where bit j of the 32-bit qh at `high` is set.
+inline __m256i q5_values32(const unsigned char* high, const unsigned char* qs) noexcept {
+  std::uint32_t qh;
+  std::memcpy(&qh, high, 4);
+  // byte j of the broadcast qh holds bit j in its place j mod 8: select byte j / 8
+  const __m256i bytes = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(qh)),
+      _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const __m256i sixteen =
+      _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(16));
+  return _mm256_or_si256(nibbles32(qs), sixteen);
+}
+
 inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float* y) noexcept {
   switch (type) {
     case ggml_type::q4_0: {
@@ -546,16 +561,7 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
     case ggml_type::q5_1: {  // the nibbles with bit j of the 32-bit qh as 16 on value j
       const bool q51 = type == ggml_type::q5_1;
       const float d = fp16_fast(p), m = q51 ? fp16_fast(p + 2) : 0.0f;
-      std::uint32_t qh;
-      std::memcpy(&qh, p + (q51 ? 4 : 2), 4);
-      // byte j of the broadcast qh holds bit j in its place j mod 8: select byte j / 8
-      const __m256i bytes = _mm256_shuffle_epi8(
-          _mm256_set1_epi32(static_cast<int>(qh)),
-          _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
-      const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-      const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit),
-                                            _mm256_set1_epi8(16));
-      const __m256i v = _mm256_or_si256(nibbles32(p + (q51 ? 8 : 6)), high);
+      const __m256i v = q5_values32(p + (q51 ? 4 : 2), p + (q51 ? 8 : 6));
       if (q51) {
         widen32<true>(v, d, d, y, m);
       } else {

@@ -491,7 +491,8 @@ inline bool held_by_onednn(Eigen::Index in, Eigen::Index out, weight_type t, gem
 ///   tiles (9-255 rows) or fp32 GEMMs over fp32 activations (so the function is that of the
 ///   widened weights, within fp32 rounding); or,
 ///   opted into with `int8_activations` where every segment's type has integer dots
-///   (detail::int8_dot_type: Q8_0, Q4_0, Q4_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS), dotted
+///   (detail::int8_dot_type: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+///   IQ4_XS), dotted
 ///   in integers with the
 ///   activations quantized to 8 bits per 32-value block (detail::int8_rows: llama.cpp's way,
 ///   within the bound stated there, each row's result independent of the rows beside it). A
@@ -819,7 +820,8 @@ class linear {
     }
     if (quantized() && m <= dot_rows) {
       // Decode (a few sequences): rows of the types that dot straight from their blocks
-      // (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K, IQ4_NL, IQ4_XS on AVX2 / AVX-512 builds, Q5_K, Q3_K on
+      // (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q6_K, IQ4_NL, IQ4_XS on AVX2 / AVX-512 builds, Q5_K,
+      // Q3_K on
       // AVX-512) are never
       // widened when up to fused_rows activation rows multiply (fused_block rows a pass over a row,
       // which stays in L1 between passes: at 8 rows 1.1-1.8x faster than decoding it, at 16 up

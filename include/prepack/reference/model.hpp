@@ -78,7 +78,8 @@ struct prefill_options {
 enum class activation_type {
   fp32,  // the activations as they are: the function of the widened weights (the default)
   int8,  // quantized to 8 bits per 32-value block, dotted in integers (llama.cpp's way): faster
-         // on held Q8_0 / Q4_0 / Q4_1 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS rows, each
+         // on held Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS
+         // rows, each
          // dot within half a step
          // of every activation block times its weights (detail::int8_rows states the bound); still
          // per token, so every request equals running it alone under it. Other types, and fp32

@@ -488,6 +488,37 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
       acc[i][0] = fused_add(acc[i][0], mins[i][0]);
       acc[i][1] = fused_add(acc[i][1], mins[i][1]);
     }
+#if PREPACK_DEQUANTIZE_AVX2
+  } else if (type == checkpoint::ggml_type::q5_0 || type == checkpoint::ggml_type::q5_1) {
+    // 32 values: d, (Q5_1: m,) 32 high bits, 16 bytes of nibbles, as 32 bytes of 5-bit q
+    // (q5_values32), widened: d (q - 16) . a (Q5_0), or d (q . a) + m (sum a) (Q5_1, the mins
+    // into a chain of their own); even blocks into accumulator 0, odd ones into 1
+    const bool q51 = type == checkpoint::ggml_type::q5_1;
+    fused_vec mins[M];
+    for (int i = 0; i < M; ++i) mins[i] = fused_zero();
+    const auto block = [&](const unsigned char* blk, const float* x, auto u_acc) {
+      constexpr int U = decltype(u_acc)::value;
+      const __m256i v = checkpoint::detail::q5_values32(blk + (q51 ? 4 : 2), blk + (q51 ? 8 : 6));
+      fused_vec q[fused_per];
+      fused_widen32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1), q);
+      if (!q51) {
+        for (std::ptrdiff_t u = 0; u < fused_per; ++u) q[u] = fused_sub(q[u], fused_set1(16.0f));
+      }
+      const fused_vec d = fused_set1(fp16_scale(blk));
+      for (int i = 0; i < M; ++i) acc[i][U] = fused_fma(fused_dot32(q, x + i * lda), d, acc[i][U]);
+      if (q51) {
+        const fused_vec m = fused_set1(fp16_scale(blk + 2));
+        for (int i = 0; i < M; ++i) mins[i] = fused_fma(fused_sum32(x + i * lda), m, mins[i]);
+      }
+    };
+    for_block_pairs(
+        p, k / 32, q51 ? 24 : 22, 0,
+        [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+          block(q0, a + b * 32, std::integral_constant<int, 0>{});
+          if (!one) block(q1, a + (b + 1) * 32, std::integral_constant<int, 1>{});
+        });
+    for (int i = 0; i < M; ++i) acc[i][1] = fused_add(acc[i][1], mins[i]);
+#endif
   } else if (type == checkpoint::ggml_type::iq4_nl || type == checkpoint::ggml_type::iq4_xs) {
     // 32 values (an IQ4_NL block, a sub-block of IQ4_XS): 16 bytes of indices looked up as
     // int8 kvalues_iq4nl by a byte shuffle, widened, then s (v . a); even blocks (sub-blocks)
@@ -586,14 +617,16 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 // d_b = max |x| / 127, q = x / d_b rounded to nearest (ties to even, as ggml's x86 kernels), so
 // |x - d_b q| <= d_b / 2 for every value; prepack keeps d_b in fp32 (ggml rounds it to fp16) and
 // also keeps each block's exact fp32 sum s_b. Weight blocks then dot in integers, exactly:
-//   Q8_0, Q4_0   d_w d_b (w . q)
-//   Q4_1         d_w d_b (n . q) + m_w s_b
-//   Q4_K, Q5_K   d sc_j d_b (n . q) - dmin m_j s_b        (32-value sub-block j; Q5_K's n
+//   Q8_0, Q4_0, Q5_0   d_w d_b (w . q)
+//   IQ4_NL, IQ4_XS     s d_b (v . q)        (v the int8 kvalues_iq4nl of the indices; s the
+//                                            block's d, IQ4_XS's d (ls - 32) a sub-block)
+//   Q4_1, Q5_1         d_w d_b (n . q) + m_w s_b
+//   Q4_K, Q5_K         d sc_j d_b (n . q) - dmin m_j s_b  (32-value sub-block j; Q5_K's n
 //                                                          with its fifth bit)
-//   Q6_K, Q3_K   d_b (d sc_g (w . q) over its two 16-value groups g; Q3_K's d (s_g - 32))
+//   Q6_K, Q3_K         d_b (d sc_g (w . q) over its two 16-value groups g; Q3_K's d (s_g - 32))
 // so a dot differs from the fp32 one by at most sum_b d_b / 2 sum_{i in b} |w_i - o_i| (o_i the
-// value's offset, Q4_1's m_w or Q4_K's -dmin m_j, which meets the exact sums; the bound the
-// tests check), plus fp32 rounding. Each row's result depends on that row alone (not on how
+// value's offset, Q4_1's / Q5_1's m_w or Q4_K's -dmin m_j, which meets the exact sums; the bound
+// the tests check), plus fp32 rounding. Each row's result depends on that row alone (not on how
 // many rows multiply), so packing and batching keep every request equal to running it alone.
 
 /// Rows of activations quantized to 8 bits per 32-value block (see above).
@@ -669,7 +702,8 @@ constexpr bool int8_dot_type(checkpoint::ggml_type type) noexcept {
          type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
          type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q6_k ||
          type == checkpoint::ggml_type::q3_k || type == checkpoint::ggml_type::iq4_nl ||
-         type == checkpoint::ggml_type::iq4_xs;
+         type == checkpoint::ggml_type::iq4_xs || type == checkpoint::ggml_type::q5_0 ||
+         type == checkpoint::ggml_type::q5_1;
 }
 
 // The scalar terms of a row's dot (Q4_1's m_w s_b, Q4_K's -dmin m_j s_b) are summed in 8
@@ -910,6 +944,29 @@ __attribute__((flatten)) void int8_dot512(checkpoint::ggml_type type, const unsi
           p, nb, 18, b0,
           [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
             offset8_pair(nibbles2(q0 + 2, q1 + 2), b, one, block_scales(q0, q1, b, one));
+          });
+      break;
+    }
+    case ggml_type::q5_0:
+    case ggml_type::q5_1: {  // 5-bit q (q5_values32): Q5_0's q - 16 as Q8_0, Q5_1's q as Q4_1's
+      const bool q51 = type == ggml_type::q5_1;
+      const auto values = [&](const unsigned char* q) {
+        return checkpoint::detail::q5_values32(q + (q51 ? 4 : 2), q + (q51 ? 8 : 6));
+      };
+      for_block_pairs(
+          p, nb, q51 ? 24 : 22, 0,
+          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+            const __m512i u = halves(values(q0), values(q1));
+            if (!q51) {
+              signed_pair(_mm512_sub_epi8(u, _mm512_set1_epi8(16)), b, one,
+                          block_scales(q0, q1, b, one));
+              return;
+            }
+            unsigned_pair(u, b, one, block_scales(q0, q1, b, one));
+            for (std::int64_t e = b; e < b + (one ? 1 : 2); ++e) {
+              const float m = int8_fp16(e == b ? q0 + 2 : q1 + 2);
+              for (int i = 0; i < M; ++i) tails[i][e % 8] = std::fma(m, as[i][e], tails[i][e % 8]);
+            }
           });
       break;
     }
@@ -1215,6 +1272,20 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         signed_block(_mm256_sub_epi8(nibbles(q + 2), eight), b, int8_fp16(q), u_acc);
       });
       break;
+    case ggml_type::q5_0:
+      two_blocks_a_step(22, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
+        signed_block(
+            _mm256_sub_epi8(checkpoint::detail::q5_values32(q + 2, q + 6), _mm256_set1_epi8(16)), b,
+            int8_fp16(q), u_acc);
+      });
+      break;
+    case ggml_type::q5_1:
+      two_blocks_a_step(24, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
+        unsigned_block(checkpoint::detail::q5_values32(q + 4, q + 8), b, int8_fp16(q), u_acc);
+        const float mw = int8_fp16(q + 2);
+        for (int i = 0; i < M; ++i) tails[i][b % 8] = std::fma(mw, as[i][b], tails[i][b % 8]);
+      });
+      break;
     case ggml_type::iq4_nl:
     case ggml_type::iq4_xs: {  // the indices looked up as int8 kvalues_iq4nl, then as Q8_0
       const __m256i table = _mm256_broadcastsi128_si256(
@@ -1359,11 +1430,28 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
   switch (type) {
     case ggml_type::q8_0:
     case ggml_type::q4_0:
-    case ggml_type::q4_1: {
-      const std::int64_t bytes = type == ggml_type::q8_0 ? 34 : type == ggml_type::q4_0 ? 18 : 20;
+    case ggml_type::q4_1:
+    case ggml_type::q5_0:
+    case ggml_type::q5_1: {
+      const bool q5 = type == ggml_type::q5_0 || type == ggml_type::q5_1;
+      const bool q51 = type == ggml_type::q5_1;
+      const std::int64_t bytes = type == ggml_type::q8_0   ? 34
+                                 : type == ggml_type::q4_0 ? 18
+                                 : type == ggml_type::q4_1 ? 20
+                                 : q51                     ? 24
+                                                           : 22;
       for (std::int64_t b = 0; b < nb; ++b, p += bytes) {
         if (type == ggml_type::q8_0) {
           for (int j = 0; j < 32; ++j) w[j] = p[2 + j] < 128 ? p[2 + j] : p[2 + j] - 256;
+        } else if (q5) {  // dequantize_row_q5_*: the nibble | bit j of qh at 16 (- 16 for Q5_0)
+          std::uint32_t qh;
+          std::memcpy(&qh, p + (q51 ? 4 : 2), 4);
+          const unsigned char* qs = p + (q51 ? 8 : 6);
+          const int off = q51 ? 0 : 16;
+          for (int j = 0; j < 16; ++j) {
+            w[j] = static_cast<int>((qs[j] & 0x0Fu) | (((qh >> j) & 1u) << 4)) - off;
+            w[j + 16] = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - off;
+          }
         } else {
           const unsigned char* qs = p + (type == ggml_type::q4_0 ? 2 : 4);
           const int off = type == ggml_type::q4_0 ? 8 : 0;
@@ -1374,7 +1462,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
         }
         for (int i = 0; i < M; ++i) {
           y[i] += fp16(p) * ad[i][b] * dot(i, b, w, 32, 0);
-          if (type == ggml_type::q4_1) {
+          if (type == ggml_type::q4_1 || q51) {
             tails[i][b % 8] = std::fma(fp16(p + 2), as[i][b], tails[i][b % 8]);
           }
         }
@@ -1476,6 +1564,8 @@ constexpr bool fused_dot_type(checkpoint::ggml_type type) noexcept {
           type == checkpoint::ggml_type::q4_1 || type == checkpoint::ggml_type::q4_k ||
           type == checkpoint::ggml_type::q6_k || type == checkpoint::ggml_type::iq4_nl ||
           type == checkpoint::ggml_type::iq4_xs ||
+          (PREPACK_DEQUANTIZE_AVX2 &&
+           (type == checkpoint::ggml_type::q5_0 || type == checkpoint::ggml_type::q5_1)) ||
           (PREPACK_FUSED_LOOKUP &&
            (type == checkpoint::ggml_type::q5_k || type == checkpoint::ggml_type::q3_k)));
 }
