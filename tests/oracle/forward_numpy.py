@@ -8,9 +8,10 @@ Passes when every prompt's last-token logits agree within 1e-3 of the logits' sc
 arg-max token agrees (unless the top two are within that bound), both with the file's quantized
 projections held as stored (the demo's default) and dequantized at load (--widen), and the two
 agree within 1e-5 of the logits' scale (the same function; only fp32 rounding may differ). The
-same for the model requantized to IQ4_XS by llama.cpp's own quantizer (llama_model_quantize,
-from llama-cpp-python), as a user's IQ4_XS download is: rows whose width is not a multiple of
-256 (SmolLM2's 576) fall back to IQ4_NL there, so the file holds both."""
+same for the model requantized to IQ4_XS and to Q4_K_M by llama.cpp's own quantizer
+(llama_model_quantize, from llama-cpp-python), as a user's downloads of those are: rows whose
+width is not a multiple of 256 (SmolLM2's 576) fall back to IQ4_NL and Q5_0 there, so the files
+hold IQ4_NL, IQ4_XS, Q4_K, Q5_0, Q5_K, Q6_K and Q8_0 tensors between them."""
 import os
 import subprocess
 import sys
@@ -86,18 +87,19 @@ def last_logits(cfg, w, tokens):
     return (h @ head.T)[0]
 
 
-def requantized(src, work):
-    """src requantized to IQ4_XS by libllama (llama-cpp-python's llama_model_quantize)."""
+def requantized(src, work, ftype):
+    """src requantized to llama_ftype `ftype` ("IQ4_XS") by libllama (llama-cpp-python's
+    llama_model_quantize)."""
     import ctypes
     llama = oracle.need("llama_cpp")
-    dst = os.path.join(work, "requantized-IQ4_XS.gguf")
+    dst = os.path.join(work, f"requantized-{ftype}.gguf")
     p = llama.llama_model_quantize_default_params()
-    p.ftype = llama.LLAMA_FTYPE_MOSTLY_IQ4_XS
+    p.ftype = getattr(llama, f"LLAMA_FTYPE_MOSTLY_{ftype}")
     p.nthread = 2
     p.allow_requantize = True
     rc = llama.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p))
     if rc != 0:
-        oracle.fail(f"llama_model_quantize {src} -> IQ4_XS returned {rc}")
+        oracle.fail(f"llama_model_quantize {src} -> {ftype} returned {rc}")
     return dst
 
 
@@ -169,7 +171,8 @@ def main():
     if r.returncode != 0:
         oracle.fail(f"held under --memory-limit {limit}: exit {r.returncode}, {r.stderr}")
     print(f"under --memory-limit {limit} (MiB): --widen refused naming what fits, held runs")
-    check(demo, requantized(path, work), work)
+    for ftype in ("IQ4_XS", "Q4_K_M"):
+        check(demo, requantized(path, work, ftype), work)
 
 
 main()
