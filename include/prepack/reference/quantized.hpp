@@ -79,6 +79,38 @@ inline void q3k_group_scales(const unsigned char* p, float (&dl)[16]) noexcept {
 inline float fp16_scale(const unsigned char* p) noexcept {
   return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
 }
+
+// The walk of the IQ4 kernels over a row at p of k values, 32 at a time (an IQ4_NL block, a
+// sub-block of IQ4_XS): block(s, q, j, u) with s the 32 values' scale (IQ4_NL's d, IQ4_XS's
+// d (ls - 32), one rounding), q their 16 bytes of indices, j the first value's index and u
+// std::integral_constant<int, 0> for even ones and <int, 1> for odd ones (a kernel's two
+// accumulators, named at compile time), then an odd last IQ4_NL block alone.
+template <class Block>
+inline void for_iq4_blocks(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k,
+                           Block&& block) {
+  using even = std::integral_constant<int, 0>;
+  using odd = std::integral_constant<int, 1>;
+  if (type == checkpoint::ggml_type::iq4_nl) {
+    for_block_pairs(
+        p, k / 32, 18, 0,
+        [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
+          block(fp16_scale(q0), q0 + 2, b * 32, even{});
+          if (!one) block(fp16_scale(q1), q1 + 2, (b + 1) * 32, odd{});
+        });
+    return;
+  }
+  for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 136) {
+    const float d = fp16_scale(p);
+    const unsigned scales_h = checkpoint::detail::le16(p + 2);
+    const auto scale = [&](std::ptrdiff_t ib) {
+      return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
+    };
+    for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
+      block(scale(ib), p + 8 + 16 * ib, sb * 256 + 32 * ib, even{});
+      block(scale(ib + 1), p + 24 + 16 * ib, sb * 256 + 32 * ib + 32, odd{});
+    }
+  }
+}
 #if defined(__AVX512F__)
 using fused_vec = __m512;
 constexpr int fused_lanes = 16;
@@ -338,32 +370,13 @@ __attribute__((flatten)) void fused_dot_lookup(checkpoint::ggml_type type, const
     // accumulators named at compile time)
     const __m512 kv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl))));
-    const auto block = [&](float s, const unsigned char* q, const float* x, int u) {
+    for_iq4_blocks(type, p, k, [&](float s, const unsigned char* q, std::int64_t j, auto u) {
+      constexpr int U = 2 * decltype(u)::value;
       const __m512 v = _mm512_mul_ps(_mm512_set1_ps(s), kv);
       const __m512i n = bytes16(q);
-      look(n, v, x, u);
-      look(high(n), v, x + 16, u + 1);
-    };
-    if (type == checkpoint::ggml_type::iq4_nl) {
-      for_block_pairs(
-          p, k / 32, 18, 0,
-          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
-            block(fp16_scale(q0), q0 + 2, a + b * 32, 0);
-            if (!one) block(fp16_scale(q1), q1 + 2, a + (b + 1) * 32, 2);
-          });
-    } else {
-      for (std::int64_t b = 0; b < k / 256; ++b, p += 136) {
-        const float d = fp16_scale(p);
-        const unsigned scales_h = checkpoint::detail::le16(p + 2);
-        const auto scale = [&](std::ptrdiff_t ib) {
-          return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
-        };
-        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
-          block(scale(ib), p + 8 + 16 * ib, a + b * 256 + 32 * ib, 0);
-          block(scale(ib + 1), p + 24 + 16 * ib, a + b * 256 + 32 * ib + 32, 2);
-        }
-      }
-    }
+      look(n, v, a + j, U);
+      look(high(n), v, a + j + 16, U + 1);
+    });
   } else {  // Q4_0 (18 bytes: d, 16 bytes) or Q4_1 (20: d, m, 16): value j < 16 byte j's low
     // nibble, j >= 16 byte j - 16's high one; even blocks into accumulators 0, 1, odd into 2, 3
     const bool q41 = type == checkpoint::ggml_type::q4_1;
@@ -525,7 +538,8 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
     // into accumulator 0, odd ones into 1
     const __m128i table =
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(checkpoint::detail::kvalues_iq4nl));
-    const auto block = [&](float s, const unsigned char* nib, const float* x, int u_acc) {
+    for_iq4_blocks(type, p, k, [&](float s, const unsigned char* nib, std::int64_t j, auto acc_u) {
+      constexpr int U = decltype(acc_u)::value;
       const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(nib));
       fused_vec lo[fused_per16], hi[fused_per16], v[fused_per];
       fused_widen16(_mm_shuffle_epi8(table, _mm_and_si128(bytes, mask)), lo);
@@ -536,29 +550,9 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
       }
       const fused_vec d = fused_set1(s);
       for (int i = 0; i < M; ++i) {
-        acc[i][u_acc] = fused_fma(fused_dot32(v, x + i * lda), d, acc[i][u_acc]);
+        acc[i][U] = fused_fma(fused_dot32(v, a + j + i * lda), d, acc[i][U]);
       }
-    };
-    if (type == checkpoint::ggml_type::iq4_nl) {
-      for_block_pairs(
-          p, k / 32, 18, 0,
-          [&](const unsigned char* q0, const unsigned char* q1, std::int64_t b, bool one) {
-            block(fp16_scale(q0), q0 + 2, a + b * 32, 0);
-            if (!one) block(fp16_scale(q1), q1 + 2, a + (b + 1) * 32, 1);
-          });
-    } else {
-      for (std::int64_t b = 0; b < k / 256; ++b, p += 136) {
-        const float d = fp16_scale(p);
-        const unsigned scales_h = checkpoint::detail::le16(p + 2);
-        const auto scale = [&](std::ptrdiff_t ib) {
-          return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
-        };
-        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
-          block(scale(ib), p + 8 + 16 * ib, a + b * 256 + 32 * ib, 0);
-          block(scale(ib + 1), p + 24 + 16 * ib, a + b * 256 + 32 * ib + 32, 1);
-        }
-      }
-    }
+    });
   } else if (type == checkpoint::ggml_type::q4_1) {
     // 32 values: d, m, 16 bytes (low nibbles j < 16, high ones j >= 16): d (q . a) + m (sum a),
     // into two accumulators each.
@@ -1293,23 +1287,9 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
       const auto values = [&](const unsigned char* q16) {
         return _mm256_shuffle_epi8(table, nibbles(q16));
       };
-      if (type == ggml_type::iq4_nl) {
-        two_blocks_a_step(18, [&](const unsigned char* q, std::int64_t b, auto u_acc) {
-          signed_block(values(q + 2), b, int8_fp16(q), u_acc);
-        });
-        break;
-      }
-      for (std::int64_t sb = 0; sb < k / 256; ++sb, p += 136) {  // a scale d (ls - 32) each
-        const float d = int8_fp16(p);                            // 32-value sub-block
-        const unsigned scales_h = checkpoint::detail::le16(p + 2);
-        const auto scale = [&](std::ptrdiff_t ib) {
-          return d * static_cast<float>(checkpoint::detail::scale_iq4xs(ib, scales_h, p + 4));
-        };
-        for (std::ptrdiff_t ib = 0; ib < 8; ib += 2) {
-          signed_block(values(p + 8 + 16 * ib), sb * 8 + ib, scale(ib), even{});
-          signed_block(values(p + 24 + 16 * ib), sb * 8 + ib + 1, scale(ib + 1), odd{});
-        }
-      }
+      for_iq4_blocks(type, p, k, [&](float s, const unsigned char* q, std::int64_t j, auto u) {
+        signed_block(values(q), j / 32, s, u);
+      });
       break;
     }
     case ggml_type::q4_1:
