@@ -7,11 +7,13 @@ Usage: forward_numpy.py PREPACK_DEMO WORKDIR
 Passes when every prompt's last-token logits agree within 1e-3 of the logits' scale and the
 arg-max token agrees (unless the top two are within that bound), both with the file's quantized
 projections held as stored (the demo's default) and dequantized at load (--widen), and the two
-agree within 1e-5 of the logits' scale (the same function; only fp32 rounding may differ). The
-same for the model requantized to IQ4_XS and to Q4_K_M by llama.cpp's own quantizer
-(llama_model_quantize, from llama-cpp-python), as a user's downloads of those are: rows whose
-width is not a multiple of 256 (SmolLM2's 576) fall back to IQ4_NL and Q5_0 there, so the files
-hold IQ4_NL, IQ4_XS, Q4_K, Q5_0, Q5_K, Q6_K and Q8_0 tensors between them."""
+agree within 1e-5 of the logits' scale (the same function; only fp32 rounding may differ). Then
+the model requantized to IQ4_XS and to Q4_K_M by llama.cpp's own quantizer (llama_model_quantize,
+from llama-cpp-python), as a user's downloads of those are: rows whose width is not a multiple of
+256 (SmolLM2's 576) fall back to IQ4_NL and Q5_0 there, so the files hold IQ4_NL, IQ4_XS, Q4_K,
+Q5_0, Q5_K, Q6_K and Q8_0 tensors between them; their held logits must agree with NumPy's within
+1e-4 of the scale (fewer and shorter prompts, and no widened run: the sanitizer builds run this
+test too, and the widened decoding of those types is checked bit for bit by check_dequant.py)."""
 import os
 import subprocess
 import sys
@@ -103,14 +105,15 @@ def requantized(src, work, ftype):
     return dst
 
 
-def check(demo, path, work):
-    """prepack_demo's last-token logits of `path`, held and widened, against NumPy's."""
+def check(demo, path, work, lengths=(1, 7, 23, 40), modes=("held", "widened"), bound=1e-3):
+    """prepack_demo's last-token logits of `path` (`modes`), against NumPy's within `bound` of
+    their scale: random prompts of `lengths` and one of common tokens."""
     cfg, w = load(path)
     types = sorted({gguf.GGMLQuantizationType(t.tensor_type).name
                     for t in gguf.GGUFReader(path).tensors})
     vocab = w["token_embd.weight"].shape[0]
     rng = np.random.default_rng(22)
-    prompts = [list(rng.integers(0, vocab, n)) for n in (1, 7, 23, 40)]
+    prompts = [list(rng.integers(0, vocab, n)) for n in lengths]
     prompts.append([1, 504, 3458, 282, 4649, 314, 3714, 30])  # a common-token prompt
     pfile = os.path.join(work, "prompts.txt")
     with open(pfile, "w") as f:
@@ -119,7 +122,7 @@ def check(demo, path, work):
     wants = [last_logits(cfg, w, np.array(p)) for p in prompts]
     got = {}
     name = f"{os.path.basename(path)} ({', '.join(types)})"
-    for mode, flags in (("held", []), ("widened", ["--widen"])):
+    for mode, flags in ((m, ["--widen"] if m == "widened" else []) for m in modes):
         lfile = os.path.join(work, f"logits_{mode}.f32")
         r = subprocess.run([demo, "--model", path, "--prompts", pfile, "--logits", lfile,
                             "--new-tokens", "1"] + flags, capture_output=True, text=True,
@@ -135,14 +138,16 @@ def check(demo, path, work):
             diff = float(np.abs(ours[i] - want).max()) / scale
             worst = max(worst, diff)
             top = np.sort(want)[-2:]
-            if diff > 1e-3:
+            if diff > bound:
                 oracle.fail(f"{name}: {mode}: prompt {i} ({len(p)} tokens): logits differ by "
                             f"{diff:.3g} of their scale")
-            if int(np.argmax(ours[i])) != int(np.argmax(want)) and top[1] - top[0] > 1e-3 * scale:
+            if int(np.argmax(ours[i])) != int(np.argmax(want)) and top[1] - top[0] > bound * scale:
                 oracle.fail(f"{name}: {mode}: prompt {i}: arg-max {int(np.argmax(ours[i]))}, "
                             f"NumPy {int(np.argmax(want))}")
         print(f"{mode}: last-token logits equal NumPy's forward pass of {name} within "
-              f"{worst:.3g} of their scale ({len(prompts)} prompts, bound 1e-3)")
+              f"{worst:.3g} of their scale ({len(prompts)} prompts, bound {bound:g})")
+    if "widened" not in got:
+        return w, pfile
     scale = max(1.0, float(np.abs(got["widened"]).max()))
     between = float(np.abs(got["held"] - got["widened"]).max()) / scale
     if between > 1e-5:
@@ -172,7 +177,8 @@ def main():
         oracle.fail(f"held under --memory-limit {limit}: exit {r.returncode}, {r.stderr}")
     print(f"under --memory-limit {limit} (MiB): --widen refused naming what fits, held runs")
     for ftype in ("IQ4_XS", "Q4_K_M"):
-        check(demo, requantized(path, work, ftype), work)
+        check(demo, requantized(path, work, ftype), work, lengths=(7, 23), modes=("held",),
+              bound=1e-4)
 
 
 main()
