@@ -927,7 +927,8 @@ TEST(Reference, QuantizedRowsMultiplyAsTheirBlocksDefine) {
 // offset, Q4_1's m and Q4_K's -dmin m, which multiply the exact activations), plus fp32
 // rounding; it equals that dot with the activations quantized as stated (q = a / d_b to
 // nearest, ties to even; evaluated here in double from those q); and a row's result is
-// the same bits whatever rows multiply beside it (1 to 70 rows, tiles of 64 crossed), so packing
+// the same bits whatever rows multiply beside it (every row of 1 to 70, tiles of 64 and the
+// converted weight rows' path from 20 rows crossed), so packing
 // keeps every request equal to running it alone. Rows of 512 values (all eleven types) and of
 // 17 32-value blocks (Q8_0, Q4_0, Q4_1, IQ4_NL, Q5_0, Q5_1: the kernels' steps of four and two
 // blocks, then an odd last one).
@@ -946,10 +947,15 @@ void int8_dots_within_their_bound(Eigen::Index k) {
   for (auto& v : a) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 1000.0f;
   for (Eigen::Index b = 0; b < k / 32; b += 5) a[static_cast<std::size_t>(b * 32 + 7)] = 0.0f;
   std::fill(a.begin() + 64, a.begin() + 96, 0.0f);  // an all-zero block (d_b = 0)
-  // Row 0 alone, the reference bits for every batch size.
-  std::vector<float> alone(static_cast<std::size_t>(n));
+  // Each row alone, the reference bits for every batch size.
+  std::vector<float> alone(static_cast<std::size_t>(most * n));
+  for (Eigen::Index i = 0; i < most; ++i) {
+    ref::gemm_scratch scratch;
+    layer.apply(ref::gemm_backend::eigen, 1, a.data() + i * k, k, alone.data() + i * n, n, false,
+                scratch);
+  }
   test::for_threads({1, 2}, [&](int threads) {
-    for (const Eigen::Index m : {1, 2, 3, 4, 5, 9, 17, 70}) {
+    for (const Eigen::Index m : {1, 2, 3, 4, 5, 9, 17, 24, 70}) {
       for (const bool accumulate : {false, true}) {
         std::vector<float> c(static_cast<std::size_t>(m * n), accumulate ? 0.5f : -7.0f);
         ref::gemm_scratch scratch;
@@ -986,13 +992,10 @@ void int8_dots_within_their_bound(Eigen::Index k) {
                                       std::to_string(threads);
             EXPECT_NEAR(got, quant_dot, 2e-6 * scale + 1e-6) << where;
             EXPECT_LE(std::abs(got - exact_dot), bound + 2e-6 * scale + 1e-6) << where;
-            if (!accumulate && i == 0) {
-              if (m == 1 && threads == 1) {
-                alone[static_cast<std::size_t>(j)] = c[static_cast<std::size_t>(j)];
-              } else {
-                EXPECT_EQ(c[static_cast<std::size_t>(j)], alone[static_cast<std::size_t>(j)])
-                    << where;
-              }
+            if (!accumulate) {
+              EXPECT_EQ(c[static_cast<std::size_t>(i * n + j)],
+                        alone[static_cast<std::size_t>(i * n + j)])
+                  << where;
             }
           }
         }

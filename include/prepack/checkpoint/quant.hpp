@@ -545,17 +545,26 @@ inline __m256i q5_values32(const unsigned char* high, const unsigned char* qs) n
   return _mm256_or_si256(nibbles32(qs), sixteen);
 }
 
-inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float* y) noexcept {
+// The 32-value blocks of one ggml block of `type` at p (32 or 256 values), in order, as
+// block(has_min, v, d0, d1, m): 32 bytes of integers v (signed; Q4_1's, Q5_1's, Q4_K's and
+// Q5_K's unsigned) whose values are d0 v (the first 16; d1 v the rest) and, where has_min (a
+// std::bool_constant), d0 v + m; each scale the product ggml's definition rounds once. The
+// vector decoder's walk and the int8 weight rows' (reference::detail::int8_weight_rows).
+// Returns false, calling nothing, for a type it does not walk (Q2_K and the unquantized ones).
+template <class Block>
+inline bool for_int8_values(ggml_type type, const unsigned char* p, Block&& block) noexcept {
+  const std::false_type no;
+  const std::true_type yes;
   switch (type) {
     case ggml_type::q4_0: {
       const float d = fp16_fast(p);
-      widen32(_mm256_sub_epi8(nibbles32(p + 2), _mm256_set1_epi8(8)), d, d, y);
-      return;
+      block(no, _mm256_sub_epi8(nibbles32(p + 2), _mm256_set1_epi8(8)), d, d, 0.0f);
+      return true;
     }
     case ggml_type::q4_1: {
       const float d = fp16_fast(p), m = fp16_fast(p + 2);
-      widen32<true>(nibbles32(p + 4), d, d, y, m);
-      return;
+      block(yes, nibbles32(p + 4), d, d, m);
+      return true;
     }
     case ggml_type::q5_0:
     case ggml_type::q5_1: {  // the nibbles with bit j of the 32-bit qh as 16 on value j
@@ -563,16 +572,16 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       const float d = fp16_fast(p), m = q51 ? fp16_fast(p + 2) : 0.0f;
       const __m256i v = q5_values32(p + (q51 ? 4 : 2), p + (q51 ? 8 : 6));
       if (q51) {
-        widen32<true>(v, d, d, y, m);
+        block(yes, v, d, d, m);
       } else {
-        widen32(_mm256_sub_epi8(v, _mm256_set1_epi8(16)), d, d, y);
+        block(no, _mm256_sub_epi8(v, _mm256_set1_epi8(16)), d, d, 0.0f);
       }
-      return;
+      return true;
     }
     case ggml_type::q8_0: {
       const float d = fp16_fast(p);
-      widen32(load32(p + 2), d, d, y);
-      return;
+      block(no, load32(p + 2), d, d, 0.0f);
+      return true;
     }
     case ggml_type::q3_k: {
       const unsigned char* sp = p + 96;
@@ -585,16 +594,16 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       const unsigned char* qs = p + 32;
       for (int n = 0, is = 0; n < 2; ++n, qs += 32) {
         const __m256i q = load32(qs);
-        for (int shift = 0; shift < 8; shift += 2, is += 2, y += 32) {
+        for (int shift = 0; shift < 8; shift += 2, is += 2) {
           // minus 4 where the value's high bit (bit 4 n + shift / 2 of hm) is clear
           const __m256i h = bits32(hm, 4 * n + shift / 2, 1);
           const __m256i v =
               _mm256_sub_epi8(bits32(q, shift, 3),
                               _mm256_and_si256(_mm256_cmpeq_epi8(h, _mm256_setzero_si256()), four));
-          widen32(v, ds[is], ds[is + 1], y);
+          block(no, v, ds[is], ds[is + 1], 0.0f);
         }
       }
-      return;
+      return true;
     }
     case ggml_type::q4_k:
     case ggml_type::q5_k: {  // Q5_K: Q4_K's nibbles plus 16 where bit 2 j + h of qh[l] is set
@@ -606,7 +615,7 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       const unsigned char* qs = p + (q5 ? 48 : 16);
       for (int j = 0; j < 4; ++j, qs += 32) {
         const __m256i ql = load32(qs);
-        for (int h = 0; h < 2; ++h, y += 32) {
+        for (int h = 0; h < 2; ++h) {
           unsigned s, m;
           scale_min_k4(2 * j + h, sc, s, m);
           const float ds = d * static_cast<float>(s), ms = -(dmin * static_cast<float>(m));
@@ -615,10 +624,10 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
             v = _mm256_or_si256(
                 v, _mm256_and_si256(_mm256_slli_epi16(bits32(qh, 2 * j + h, 1), 4), sixteen));
           }
-          widen32<true>(v, ds, ds, y, ms);
+          block(yes, v, ds, ds, ms);
         }
       }
-      return;
+      return true;
     }
     case ggml_type::q6_k: {
       const auto* sc = reinterpret_cast<const std::int8_t*>(p + 192);
@@ -633,12 +642,12 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
             _mm256_or_si256(bits32(ql1, 0, 0x0F), _mm256_slli_epi16(bits32(h, 2, 3), 4)),
             _mm256_or_si256(bits32(ql0, 4, 0x0F), _mm256_slli_epi16(bits32(h, 4, 3), 4)),
             _mm256_or_si256(bits32(ql1, 4, 0x0F), _mm256_slli_epi16(bits32(h, 6, 3), 4))};
-        for (std::ptrdiff_t g = 0; g < 4; ++g, y += 32) {
-          widen32(_mm256_sub_epi8(v[g], c32), d * static_cast<float>(sc[2 * g]),
-                  d * static_cast<float>(sc[2 * g + 1]), y);
+        for (std::ptrdiff_t g = 0; g < 4; ++g) {
+          block(no, _mm256_sub_epi8(v[g], c32), d * static_cast<float>(sc[2 * g]),
+                d * static_cast<float>(sc[2 * g + 1]), 0.0f);
         }
       }
-      return;
+      return true;
     }
     case ggml_type::iq4_nl:
     case ggml_type::iq4_xs: {  // each 16-byte group of indices looked up as 32 values
@@ -650,20 +659,32 @@ inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float*
       };
       const float d = fp16_fast(p);
       if (type == ggml_type::iq4_nl) {
-        widen32(lookup(p + 2), d, d, y);
-        return;
+        block(no, lookup(p + 2), d, d, 0.0f);
+        return true;
       }
       const unsigned scales_h = le16(p + 2);
-      for (std::ptrdiff_t ib = 0; ib < 8; ++ib, y += 32) {
+      for (std::ptrdiff_t ib = 0; ib < 8; ++ib) {
         const float dl = d * static_cast<float>(scale_iq4xs(ib, scales_h, p + 4));
-        widen32(lookup(p + 8 + 16 * ib), dl, dl, y);
+        block(no, lookup(p + 8 + 16 * ib), dl, dl, 0.0f);
       }
-      return;
+      return true;
     }
     default:
-      dequantize_block<false>(type, p, y);
-      return;
+      return false;
   }
+}
+
+inline void dequantize_block_avx2(ggml_type type, const unsigned char* p, float* y) noexcept {
+  const bool walked =
+      for_int8_values(type, p, [&y](auto has_min, __m256i v, float d0, float d1, float m) {
+        if constexpr (decltype(has_min)::value) {
+          widen32<true>(v, d0, d1, y, m);
+        } else {
+          widen32(v, d0, d1, y);
+        }
+        y += 32;
+      });
+  if (!walked) dequantize_block<false>(type, p, y);
 }
 #else
 #define PREPACK_DEQUANTIZE_AVX2 0

@@ -127,10 +127,13 @@ struct gemm_scratch {
   std::vector<float> dense;         // [m][k]  strided fp32 activations, made dense for oneDNN
   std::vector<float> out;           // [m][n]  strided outputs, through oneDNN densely
   detail::int8_rows int8;           // [m][k]  activations in 8 bits (int8 activation mode)
+  std::vector<detail::int8_weight_rows> int8_weights;  // [threads]  their converted weight rows
   std::size_t bytes() const noexcept {
-    return bf16.size() * sizeof(std::uint16_t) +
-           (rounded.size() + panels.size() + dense.size() + out.size()) * sizeof(float) +
-           int8.bytes();
+    std::size_t n = bf16.size() * sizeof(std::uint16_t) +
+                    (rounded.size() + panels.size() + dense.size() + out.size()) * sizeof(float) +
+                    int8.bytes();
+    for (const auto& w : int8_weights) n += w.bytes();
+    return n;
   }
 };
 
@@ -643,6 +646,12 @@ class linear {
     return std::max<Eigen::Index>(16, std::min<Eigen::Index>(out, budget / 16 * 16));
   }
 
+  /// With 8-bit activations: the activation rows from which a layer converts its weight rows
+  /// once per call and multiplies 4 x 4 in registers (AVX512-VNNI builds; a decode driver
+  /// measured 16 rows level with the rows' own dots, 24 and 32 ahead), and the weight rows a
+  /// thread takes at a time.
+  static constexpr Eigen::Index int8_panel_rows = 20, int8_chunk = 16;
+
   /// Floats of scratch a quantized layer of in x out weights uses at m activation rows where
   /// it multiplies by rows_by_columns (apply_rows_by_columns: from dot_rows + 1 to wide_rows -
   /// 1 rows, on AVX2 / AVX-512 builds; else {0, 0}): gemm_scratch::dense, the input transposed
@@ -1003,8 +1012,10 @@ class linear {
 
   // The int8 activation path: the input (scaled) quantized a row at a time, then every output
   // row dotted in integers with every activation row (detail::int8_dot), a tile of activation
-  // rows at a time so that a thread's weight rows and the tile stay in its caches. O(m in) to
-  // quantize, O(m in out) to dot; no allocation once scratch has grown.
+  // rows at a time so that a thread's weight rows and the tile stay in its caches; from
+  // int8_panel_rows rows with AVX512-VNNI, the weight rows converted once instead
+  // (apply_int8_panels), the same bits. O(m in) to quantize, O(m in out) to dot; no allocation
+  // once scratch has grown.
   void apply_int8(Eigen::Index m, const float* a, Eigen::Index lda, float* c, Eigen::Index ldc,
                   bool accumulate, gemm_scratch& scratch) const {
     const Eigen::Index k = in(), n = out();
@@ -1020,8 +1031,14 @@ class linear {
     (void)threads;  // read only by the OpenMP pragmas
     PREPACK_OMP(parallel for schedule(static) num_threads(threads) if(m > 1))
     for (Eigen::Index r = 0; r < m; ++r) q.quantize_row(r, x + r * ldx);
-    constexpr Eigen::Index tile = 64, chunk = 16;
+    constexpr Eigen::Index tile = 64, chunk = int8_chunk;
     const Eigen::Index chunks = (n + chunk - 1) / chunk;
+#if PREPACK_INT8_PANEL
+    if (m >= int8_panel_rows) {
+      apply_int8_panels(m, q, chunk, c, ldc, accumulate, scratch);
+      return;
+    }
+#endif
     PREPACK_OMP(parallel for schedule(static) num_threads(threads))
     for (Eigen::Index ch = 0; ch < chunks; ++ch) {
       const Eigen::Index j0 = ch * chunk, j1 = std::min(n, j0 + chunk);
@@ -1064,6 +1081,62 @@ class linear {
       }
     }
   }
+
+#if PREPACK_INT8_PANEL
+  // apply_int8 from int8_panel_rows rows: the activations laid out 4 rows at a time, each
+  // thread's `chunk` weight rows converted once (detail::int8_weight_rows), then every 4
+  // activation rows by 4 of them in registers (detail::int8_tile_dot), the same bits as the
+  // rows' int8_dot. O(m in) to lay out, O(out in) to convert, O(m in out) to dot; no allocation
+  // once scratch has grown.
+  void apply_int8_panels(Eigen::Index m, detail::int8_rows& q, Eigen::Index chunk, float* c,
+                         Eigen::Index ldc, bool accumulate, gemm_scratch& scratch) const {
+    const Eigen::Index k = in(), n = out(), nb = k / 32, tiles = (m + 3) / 4;
+    const int threads = threads_for(0);
+    q.reset_tiles();
+    if (scratch.int8_weights.size() < static_cast<std::size_t>(threads)) {
+      scratch.int8_weights.resize(static_cast<std::size_t>(threads));
+    }
+    for (auto& w : scratch.int8_weights) w.reset(chunk, k);
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+    for (Eigen::Index t = 0; t < tiles; ++t) q.pack_tile(t);
+    const Eigen::Index chunks = (n + chunk - 1) / chunk;
+    PREPACK_OMP(parallel for schedule(static) num_threads(threads))
+    for (Eigen::Index ch = 0; ch < chunks; ++ch) {
+      detail::int8_weight_rows& w =
+          scratch.int8_weights[static_cast<std::size_t>(detail::thread_id())];
+      const Eigen::Index j0 = ch * chunk, rows = std::min(n, j0 + chunk) - j0;
+      for (Eigen::Index r = 0; r < rows; ++r) {
+        const std::size_t sgi = segment(j0 + r);
+        const quantized_matrix& seg = q_[sgi];
+        w.convert_row(
+            r, seg.type,
+            seg.bytes.data() + static_cast<std::size_t>(j0 + r - q_start_[sgi]) * seg.row_bytes);
+      }
+      for (Eigen::Index r = rows; r % 4 != 0; ++r) w.clear_row(r);
+      for (Eigen::Index t = 0; t < tiles; ++t) {
+        for (Eigen::Index g = 0; g * 4 < rows; ++g) {
+          const float* wm[4];
+          const float* as[4];
+          for (Eigen::Index v = 0; v < 4; ++v) {
+            const Eigen::Index col = 4 * g + v, row = 4 * t + v;
+            wm[v] = col < rows && w.has_min[static_cast<std::size_t>(col)] != 0
+                        ? w.min.data() + col * nb
+                        : nullptr;
+            as[v] = row < m ? q.s.data() + row * nb : nullptr;
+          }
+          float y[4][4];
+          detail::int8_tile_dot(w.group(g), q.tile(t), w.pairs, nb % 2 == 1, wm, as, y);
+          for (Eigen::Index i = 0; i < 4 && 4 * t + i < m; ++i) {
+            for (Eigen::Index v = 0; v < 4 && 4 * g + v < rows; ++v) {
+              float& o = c[(4 * t + i) * ldc + j0 + 4 * g + v];
+              o = accumulate ? o + y[i][v] : y[i][v];
+            }
+          }
+        }
+      }
+    }
+  }
+#endif
 
   // Rows of activations from which the panel paths multiply with all threads per GEMM.
   static constexpr Eigen::Index wide_rows = 256;

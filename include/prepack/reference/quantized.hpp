@@ -623,6 +623,11 @@ void fused_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t 
 // the tests check), plus fp32 rounding. Each row's result depends on that row alone (not on how
 // many rows multiply), so packing and batching keep every request equal to running it alone.
 
+// A buffer's first 64-byte boundary (the buffers hold 64 bytes more than they use).
+inline unsigned char* align64(unsigned char* p) noexcept {
+  return p + ((64 - reinterpret_cast<std::uintptr_t>(p) % 64) % 64);
+}
+
 /// Rows of activations quantized to 8 bits per 32-value block (see above).
 struct int8_rows {
   std::int64_t rows = 0, cols = 0;
@@ -639,8 +644,49 @@ struct int8_rows {
   static constexpr bool lane_sums = false;
 #endif
 
+  // [rows / 4][pairs of blocks][4 rows][64 bytes of q | 16 int32 | 16 floats], 64-byte aligned:
+  // each 4 rows' pairs of blocks laid out for int8_tile_dot (pack_tile), with each four-value
+  // lane's -128 times its sum and its block's d; zeros past the rows and the blocks.
+  std::vector<unsigned char> tiles;
+
   std::size_t bytes() const noexcept {
-    return q.size() + (d.size() + s.size()) * sizeof(float) + n4.size() * sizeof(std::int32_t);
+    return q.size() + (d.size() + s.size()) * sizeof(float) + n4.size() * sizeof(std::int32_t) +
+           tiles.size();
+  }
+  /// Bytes of the tiles of m rows of k values (the memory estimate's count). O(1).
+  static std::size_t tile_bytes(std::int64_t m, std::int64_t k) noexcept {
+    return static_cast<std::size_t>((m + 3) / 4 * ((k / 32 + 1) / 2)) * 768 + 64;
+  }
+  /// Room for the tiles of the rows reset() sized. Cost: an allocation where they grow.
+  void reset_tiles() {
+    if (tiles.size() < tile_bytes(rows, cols)) tiles.resize(tile_bytes(rows, cols));
+  }
+  /// Tile t (rows 4 t .. 4 t + 3) at its first pair.
+  const unsigned char* tile(std::int64_t t) const noexcept {
+    return align64(const_cast<unsigned char*>(tiles.data())) + t * ((cols / 32 + 1) / 2) * 768;
+  }
+  /// Tile t laid out from the quantized rows (tiles on any threads, each once). O(4 cols).
+  void pack_tile(std::int64_t t) noexcept {
+    const std::int64_t nb = cols / 32, pairs = (nb + 1) / 2;
+    unsigned char* base = const_cast<unsigned char*>(tile(t));
+    for (std::int64_t i = 0; i < 4; ++i) {
+      const std::int64_t r = 4 * t + i;
+      for (std::int64_t p = 0; p < pairs; ++p) {
+        unsigned char* dst = base + (p * 4 + i) * 192;
+        std::memset(dst, 0, 192);
+        if (r >= rows) continue;
+        const std::int64_t blocks = std::min<std::int64_t>(2, nb - 2 * p);
+        const std::int8_t* qr = q.data() + r * cols + p * 64;
+        std::memcpy(dst, qr, static_cast<std::size_t>(blocks * 32));
+        for (std::int64_t l = 0; l < blocks * 8; ++l) {
+          const std::int32_t start =
+              -128 * (qr[4 * l] + qr[4 * l + 1] + qr[4 * l + 2] + qr[4 * l + 3]);
+          std::memcpy(dst + 64 + 4 * l, &start, sizeof start);
+          const float db = d[static_cast<std::size_t>(r * nb + 2 * p + l / 8)];
+          std::memcpy(dst + 128 + 4 * l, &db, sizeof db);
+        }
+      }
+    }
   }
 
   /// Sized for m rows of k values, k a multiple of 32 (the buffers only grow); quantize_row
@@ -1535,6 +1581,175 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
 #endif
 #endif
 }
+
+// ---- 8-bit activations at many rows (AVX512-VNNI): weight rows converted once ----
+//
+// int8_dot decodes a weight row's blocks again for every few activation rows. From
+// linear::int8_panel_rows activation rows on, a thread converts its 16 weight rows once into
+// the form every dot above takes them in (int8_weight_rows), the activations are laid out 4 rows
+// at a time (int8_rows::pack_tile), and int8_tile_dot multiplies 4 activation rows by 4 weight
+// rows in registers. The integers are the same (exact), and so are each lane's scale, each
+// lane's sequence of fused multiply-adds and the sums at the end (the min terms in int8_dot's 8
+// chains): the result equals int8_dot's to the bit, whatever the number of rows.
+#if PREPACK_INT8_DOT512 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define PREPACK_INT8_PANEL 1
+#else
+#define PREPACK_INT8_PANEL 0
+#endif
+
+/// Weight rows as the integer dots take them, 4 rows interleaved a pair of 32-value blocks at a
+/// time: for each row, 64 bytes of values v + 128 (unsigned bytes for vpdpbusd; v the value's
+/// integer, Q4_1's / Q4_K's unsigned nibbles as they are) and the 16 lanes' scales (a four-value
+/// lane's block scale, or for Q6_K and Q3_K its 16-value group's, each product of the format's
+/// factors rounded once as int8_dot forms it); a single last block padded with v = 0, scale 0.
+/// Besides, row-major, the weight of each block's min term where the format has one (Q4_1's /
+/// Q5_1's m_w, Q4_K's / Q5_K's -dmin m_j).
+struct int8_weight_rows {
+  std::int64_t rows = 0, cols = 0, pairs = 0;
+  std::vector<unsigned char> buffer;  // [rows / 4][pairs][4][64 bytes | 16 floats], aligned
+  std::vector<float> min;             // [rows][cols / 32]
+  std::vector<char> has_min;          // [rows]
+
+  static std::size_t packed_bytes(std::int64_t n, std::int64_t k) noexcept {
+    return static_cast<std::size_t>((n + 3) / 4 * ((k / 32 + 1) / 2)) * 512;
+  }
+  /// Bytes reset(n, k) holds (the memory estimate's count). O(1).
+  static std::size_t bytes_for(std::int64_t n, std::int64_t k) noexcept {
+    return packed_bytes(n, k) + 64 + static_cast<std::size_t>(n * (k / 32)) * sizeof(float) +
+           static_cast<std::size_t>(n);
+  }
+  std::size_t bytes() const noexcept {
+    return buffer.size() + min.size() * sizeof(float) + has_min.size();
+  }
+  /// Room for n rows of k values, k a multiple of 32 (the buffers only grow). Cost: an
+  /// allocation where they grow.
+  void reset(std::int64_t n, std::int64_t k) {
+    rows = n;
+    cols = k;
+    pairs = (k / 32 + 1) / 2;
+    if (buffer.size() < packed_bytes(n, k) + 64) buffer.resize(packed_bytes(n, k) + 64);
+    const auto mins = static_cast<std::size_t>(n * (k / 32));
+    if (min.size() < mins) min.resize(mins);
+    if (has_min.size() < static_cast<std::size_t>(n)) has_min.resize(static_cast<std::size_t>(n));
+  }
+  /// Row r's 4 interleaved groups start here; group g = r / 4 at pair 0.
+  const unsigned char* group(std::int64_t g) const noexcept {
+    return align64(const_cast<unsigned char*>(buffer.data())) + g * pairs * 512;
+  }
+
+  /// Row r as a row of zeros (a group's padding). O(cols).
+  void clear_row(std::int64_t r) noexcept {
+    unsigned char* base = const_cast<unsigned char*>(group(r / 4)) + (r % 4) * 128;
+    for (std::int64_t q = 0; q < pairs; ++q) {
+      std::memset(base + q * 512, 128, 64);
+      std::memset(base + q * 512 + 64, 0, 64);
+    }
+    has_min[static_cast<std::size_t>(r)] = 0;
+  }
+
+#if PREPACK_INT8_PANEL
+  /// Row r from one row of `type` at p (int8_dot_type; cols values): the vector decoder's walk
+  /// (checkpoint::detail::for_int8_values), its values and scales stored instead of widened.
+  /// O(cols).
+  void convert_row(std::int64_t r, checkpoint::ggml_type type, const unsigned char* p) noexcept {
+    unsigned char* base = const_cast<unsigned char*>(group(r / 4)) + (r % 4) * 128;
+    float* mn = min.data() + r * (cols / 32);
+    const std::int64_t nb = cols / 32;
+    if (nb % 2 == 1) {  // the last pair's second block: zeros
+      std::memset(base + (nb / 2) * 512 + 32, 128, 32);
+      std::memset(base + (nb / 2) * 512 + 96, 0, 32);
+    }
+    bool mins = false;
+    const auto block = checkpoint::dequantizable_block(type);
+    std::int64_t b = 0;
+    const auto elements = static_cast<std::int64_t>(block->elements);
+    for (std::int64_t e = 0; e < cols; e += elements, p += block->bytes) {
+      checkpoint::detail::for_int8_values(
+          type, p, [&](auto with_min, __m256i v, float d0, float d1, float m) {
+            unsigned char* at = base + (b / 2) * 512 + (b % 2) * 32;
+            _mm256_store_si256(reinterpret_cast<__m256i*>(at),
+                               _mm256_xor_si256(v, _mm256_set1_epi8(static_cast<char>(0x80))));
+            _mm256_store_ps(reinterpret_cast<float*>(at + 64),
+                            _mm256_setr_m128(_mm_set1_ps(d0), _mm_set1_ps(d1)));
+            if constexpr (decltype(with_min)::value) {
+              mn[b] = m;
+              mins = true;
+            }
+            ++b;
+          });
+    }
+    has_min[static_cast<std::size_t>(r)] = mins ? 1 : 0;
+  }
+#endif
+};
+
+#if PREPACK_INT8_PANEL
+// y[i][r] = the lanes' sums of 4 activation rows (a tile at x, int8_rows::pack_tile) by 4
+// weight rows (a group at w, int8_weight_rows), `pairs` pairs of blocks, the last a single
+// block where `odd` (its lanes 8-15 untouched, as int8_dot leaves them). Each lane's dot starts
+// from -128 times the sum of its 4 activations, so vpdpbusd of v + 128 ends at v . q. O(pairs).
+inline void int8_tile_dot(const unsigned char* w, const unsigned char* x, std::int64_t pairs,
+                          bool odd, const float* const (&wm)[4], const float* const (&as)[4],
+                          float (&y)[4][4]) noexcept {
+  __m512 acc[4][4];
+  for (auto& row : acc) {
+    for (__m512& v : row) v = _mm512_setzero_ps();
+  }
+  const auto step = [&](const unsigned char* wp, const unsigned char* xp, __mmask16 lm) {
+    __m512i wv[4];
+    __m512 sv[4];
+    for (std::ptrdiff_t r = 0; r < 4; ++r) {
+      wv[r] = _mm512_load_si512(wp + r * 128);
+      sv[r] = _mm512_load_ps(wp + r * 128 + 64);
+    }
+    for (std::ptrdiff_t i = 0; i < 4; ++i) {
+      const __m512i av = _mm512_load_si512(xp + i * 192);
+      const __m512i start = _mm512_load_si512(xp + i * 192 + 64);
+      const __m512 da = _mm512_load_ps(xp + i * 192 + 128);
+      for (std::ptrdiff_t r = 0; r < 4; ++r) {
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, wv[r], av));
+        acc[i][r] = _mm512_mask3_fmadd_ps(v, _mm512_mul_ps(sv[r], da), acc[i][r], lm);
+      }
+    }
+  };
+  const std::int64_t full = odd ? pairs - 1 : pairs;
+  for (std::int64_t q = 0; q < full; ++q) step(w + q * 512, x + q * 768, 0xFFFF);
+  if (odd) step(w + full * 512, x + full * 768, 0x00FF);
+  for (int i = 0; i < 4; ++i) {
+    for (int r = 0; r < 4; ++r) {
+      const __m512d v = _mm512_castps_pd(acc[i][r]);
+      const __m256 lo = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, v, 0));
+      const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, v, 1));
+      y[i][r] = int8_sum(_mm256_add_ps(lo, hi));
+    }
+  }
+  // The min terms (weight row r's wm[r], null where it has none; activation row i's block
+  // sums as[i], null past the rows) in int8_dot's 8 chains by block b mod 8, each added by
+  // int8_tail's tree (int8_sum's order); + 0 where there are none, as int8_dot's empty chains.
+  __m256 t[4][4];
+  for (auto& row : t) {
+    for (__m256& v : row) v = _mm256_setzero_ps();
+  }
+  if (wm[0] != nullptr || wm[1] != nullptr || wm[2] != nullptr || wm[3] != nullptr) {
+    const std::int64_t nb = 2 * pairs - (odd ? 1 : 0);
+    for (std::int64_t b8 = 0; b8 < nb; b8 += 8) {
+      const auto lm = static_cast<__mmask8>(nb - b8 >= 8 ? 0xFF : (1u << (nb - b8)) - 1u);
+      __m256 sv[4];
+      for (int i = 0; i < 4; ++i) {
+        sv[i] = as[i] != nullptr ? _mm256_maskz_loadu_ps(lm, as[i] + b8) : _mm256_setzero_ps();
+      }
+      for (int r = 0; r < 4; ++r) {
+        if (wm[r] == nullptr) continue;
+        const __m256 m = _mm256_maskz_loadu_ps(lm, wm[r] + b8);
+        for (int i = 0; i < 4; ++i) t[i][r] = _mm256_mask3_fmadd_ps(m, sv[i], t[i][r], lm);
+      }
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    for (int r = 0; r < 4; ++r) y[i][r] += int8_sum(t[i][r]);
+  }
+}
+#endif
 
 /// Whether rows of `type` dot straight from their blocks on this build (fused_dot; Q5_K and
 /// Q3_K only where it looks values up).

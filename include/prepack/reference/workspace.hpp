@@ -112,7 +112,8 @@ class workspace {
   // included) and per-thread attention scratch, for projections of type `weights` laid out for
   // `layout`, multiplied on `backend`, or held quantized (`quantized`: their scaled inputs and
   // decoded panels; with `int8` activations also their 8-bit copies, a byte and two block
-  // floats per value of the widest input).
+  // floats per value of the widest input, with VNNI a lane sum per 4 values, and from
+  // linear::int8_panel_rows rows their tiles and each thread's converted weight rows).
   std::pair<std::size_t, std::size_t> bytes(const config& c, std::size_t n, std::size_t n_out,
                                             std::int64_t max_pos, int n_threads,
                                             weight_type weights, gemm_backend backend,
@@ -139,8 +140,21 @@ class workspace {
       if (int8) {
         const std::size_t k = static_cast<std::size_t>(std::max({c.hidden, c.q_dim(), c.ffn}));
         const std::size_t values = mul(n, k, "int8 activations");  // k: whole 32-value blocks
-        act = add(act, add(values, values / 32 * 2 * sizeof(float), "int8 activations"),
-                  "activations");
+        std::size_t bytes8 = add(values, values / 32 * 2 * sizeof(float), "int8 activations");
+        if (detail::int8_rows::lane_sums) bytes8 = add(bytes8, values, "int8 activations");  // n4
+#if PREPACK_INT8_PANEL
+        // from linear::int8_panel_rows rows: the rows' tiles and each thread's converted rows
+        if (static_cast<Eigen::Index>(n) >= linear::int8_panel_rows) {
+          const auto rows = static_cast<std::int64_t>(n), cols = static_cast<std::int64_t>(k);
+          bytes8 = add(bytes8, detail::int8_rows::tile_bytes(rows, cols), "int8 activations");
+          bytes8 = add(bytes8,
+                       mul(static_cast<std::size_t>(n_threads),
+                           detail::int8_weight_rows::bytes_for(linear::int8_chunk, cols),
+                           "int8 weight rows"),
+                       "int8 activations");
+        }
+#endif
+        act = add(act, bytes8, "activations");
       }
     } else if (weights == weight_type::bf16) {
       // Native: the activations as bf16. Emulated: rounded, as fp32.
