@@ -314,8 +314,9 @@ inline std::string quantized_description(const model_choice& m) {
 #endif
 }
 
-/// "model: 4 layers, hidden 256, ...; f32 weights; 2 threads, onednn GEMMs" and, for a
-/// checkpoint, a line before it naming it.
+/// "model: 4 layers, hidden 256, ...; f32 weights; 2 threads, onednn GEMMs" ("f32 activations
+/// and unquantized tensors" where projections are held quantized) and, for a checkpoint, lines
+/// before it naming it and saying how its quantized tensors are held.
 inline std::string describe(const model_choice& m) {
   const ref::config& c = m.cfg;
   std::string out;
@@ -333,11 +334,18 @@ inline std::string describe(const model_choice& m) {
   }
 #endif
   const std::string bf16 = bf16_description(m);
+  // Projections held as stored (the line above says how): the type names the activations and
+  // the tensors not held quantized.
+  bool held = false;
+#ifdef PREPACK_SUPPORT_CHECKPOINTS
+  held = m.info && m.hold_quantized && m.info->quantized_projection_params > 0;
+#endif
   out += "model: " + std::to_string(c.n_layers) + " layers, hidden " + std::to_string(c.hidden) +
          ", " + std::to_string(c.n_heads) + " heads / " + std::to_string(c.n_kv_heads) +
          " kv heads x " + std::to_string(c.head_size()) + ", ffn " + std::to_string(c.ffn) +
          ", vocab " + std::to_string(c.vocab) + "; " + ref::weight_type_name(m.options.weights) +
-         " weights" + (bf16.empty() ? "" : " (bf16: " + bf16 + ")") + "; " +
+         (held ? " activations and unquantized tensors" : " weights") +
+         (bf16.empty() ? "" : " (bf16: " + bf16 + ")") + "; " +
          std::to_string(ref::threads_for(m.threads)) + " threads, " + ref::backend_name(m.backend) +
          " GEMMs";
   if (m.bf16_measured) out += "\n" + bf16_verdict(*m.bf16_measured);
