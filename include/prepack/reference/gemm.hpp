@@ -1114,15 +1114,16 @@ class linear {
       }
       for (Eigen::Index r = rows; r % 4 != 0; ++r) w.clear_row(r);
       for (Eigen::Index t = 0; t < tiles; ++t) {
+        const float* as[4];  // the tile's block sums, null past the rows
+        for (Eigen::Index i = 0; i < 4; ++i)
+          as[i] = 4 * t + i < m ? q.s.data() + (4 * t + i) * nb : nullptr;
         for (Eigen::Index g = 0; g * 4 < rows; ++g) {
-          const float* wm[4];
-          const float* as[4];
+          const float* wm[4];  // the group's min weights, null where a row has none
           for (Eigen::Index v = 0; v < 4; ++v) {
-            const Eigen::Index col = 4 * g + v, row = 4 * t + v;
+            const Eigen::Index col = 4 * g + v;
             wm[v] = col < rows && w.has_min[static_cast<std::size_t>(col)] != 0
                         ? w.min.data() + col * nb
                         : nullptr;
-            as[v] = row < m ? q.s.data() + row * nb : nullptr;
           }
           float y[4][4];
           detail::int8_tile_dot(w.group(g), q.tile(t), w.pairs, nb % 2 == 1, wm, as, y);

@@ -665,7 +665,8 @@ struct int8_rows {
   const unsigned char* tile(std::int64_t t) const noexcept {
     return align64(const_cast<unsigned char*>(tiles.data())) + t * ((cols / 32 + 1) / 2) * 768;
   }
-  /// Tile t laid out from the quantized rows (tiles on any threads, each once). O(4 cols).
+  /// Tile t laid out from the quantized rows and their lane sums n4 (lane_sums builds, the
+  /// only callers; tiles on any threads, each once). O(4 cols).
   void pack_tile(std::int64_t t) noexcept {
     const std::int64_t nb = cols / 32, pairs = (nb + 1) / 2;
     unsigned char* base = const_cast<unsigned char*>(tile(t));
@@ -676,11 +677,10 @@ struct int8_rows {
         std::memset(dst, 0, 192);
         if (r >= rows) continue;
         const std::int64_t blocks = std::min<std::int64_t>(2, nb - 2 * p);
-        const std::int8_t* qr = q.data() + r * cols + p * 64;
-        std::memcpy(dst, qr, static_cast<std::size_t>(blocks * 32));
+        std::memcpy(dst, q.data() + r * cols + p * 64, static_cast<std::size_t>(blocks * 32));
+        const std::int32_t* sums = n4.data() + r * (cols / 4) + p * 16;
         for (std::int64_t l = 0; l < blocks * 8; ++l) {
-          const std::int32_t start =
-              -128 * (qr[4 * l] + qr[4 * l + 1] + qr[4 * l + 2] + qr[4 * l + 3]);
+          const std::int32_t start = 128 * sums[l];
           std::memcpy(dst + 64 + 4 * l, &start, sizeof start);
           const float db = d[static_cast<std::size_t>(r * nb + 2 * p + l / 8)];
           std::memcpy(dst + 128 + 4 * l, &db, sizeof db);
@@ -1605,7 +1605,7 @@ void int8_dot(checkpoint::ggml_type type, const unsigned char* p, std::int64_t k
 /// Besides, row-major, the weight of each block's min term where the format has one (Q4_1's /
 /// Q5_1's m_w, Q4_K's / Q5_K's -dmin m_j).
 struct int8_weight_rows {
-  std::int64_t rows = 0, cols = 0, pairs = 0;
+  std::int64_t cols = 0, pairs = 0;
   std::vector<unsigned char> buffer;  // [rows / 4][pairs][4][64 bytes | 16 floats], aligned
   std::vector<float> min;             // [rows][cols / 32]
   std::vector<char> has_min;          // [rows]
@@ -1624,7 +1624,6 @@ struct int8_weight_rows {
   /// Room for n rows of k values, k a multiple of 32 (the buffers only grow). Cost: an
   /// allocation where they grow.
   void reset(std::int64_t n, std::int64_t k) {
-    rows = n;
     cols = k;
     pairs = (k / 32 + 1) / 2;
     if (buffer.size() < packed_bytes(n, k) + 64) buffer.resize(packed_bytes(n, k) + 64);
