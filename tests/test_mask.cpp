@@ -1,9 +1,11 @@
 // Tests of prepack/mask.hpp: dense masks against the definition (query and key in the same
-// prompt, key not after query), additive and 2D masks, bool arrays, and size errors.
+// prompt, key not after query), additive and 2D masks, bool arrays, the block-sparse form
+// against every element of the dense definition, and size errors.
 #include "prepack/mask.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -112,6 +114,79 @@ TEST(Mask, BoolMasksIntoABoolArray) {
   prepack::fill_dense_mask(l, prepack::span<bool>(m.get(), n), true, false);
   const auto bytes = prepack::dense_mask(l);
   for (std::size_t x = 0; x < n; ++x) EXPECT_EQ(m[x], bytes[x] == 1);
+}
+
+// The block-sparse form against the definition evaluated slot by slot: a key block is listed for
+// a query block iff some pair in them may attend (with the window, and a pad query its own slot),
+// listed as full iff every pair may and both blocks lie whole inside the width; lists ascending,
+// disjoint, padded with 0.
+TEST(Mask, BlockSparseMaskListsExactlyTheBlocksTheDefinitionOpens) {
+  std::mt19937_64 rng(41);
+  std::size_t n_full = 0, n_partial = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const auto l = random_layout(rng, trial);
+    const std::size_t w = l.width();
+    for (std::size_t bs : {1, 2, 3, 4, 7, 16}) {
+      for (std::size_t window : {0, 1, 2, 3, 5, 100}) {
+        const auto m = prepack::make_block_sparse_mask(l, bs, window);
+        const std::size_t nb = (w + bs - 1) / bs;
+        ASSERT_EQ(m.n_blocks, nb);
+        ASSERT_EQ(m.n_rows, l.n_rows());
+        ASSERT_EQ(m.kv_indices.size(), l.n_rows() * nb * nb);
+        const auto open = [&](std::size_t r, std::size_t q, std::size_t k) {
+          const auto sq = l.segments()[r * w + q], sk = l.segments()[r * w + k];
+          if (sq < 0) return q == k;
+          return sq == sk && k <= q && (window == 0 || q - k < window);
+        };
+        for (std::size_t r = 0; r < l.n_rows(); ++r) {
+          for (std::size_t qb = 0; qb < nb; ++qb) {
+            const std::size_t at = r * nb + qb;
+            std::vector<int> listed(nb, 0);  // 1 partial, 2 full
+            for (int j = 0; j < m.kv_num_blocks[at]; ++j) {
+              ASSERT_EQ(listed[static_cast<std::size_t>(m.kv_indices[at * nb + j])]++, 0);
+            }
+            for (int j = 0; j < m.full_kv_num_blocks[at]; ++j) {
+              ASSERT_EQ(listed[static_cast<std::size_t>(m.full_kv_indices[at * nb + j])], 0);
+              listed[static_cast<std::size_t>(m.full_kv_indices[at * nb + j])] = 2;
+            }
+            for (std::size_t j = 1; j < nb; ++j) {
+              if (static_cast<int>(j) < m.kv_num_blocks[at]) {
+                ASSERT_LT(m.kv_indices[at * nb + j - 1], m.kv_indices[at * nb + j]);
+              } else {
+                ASSERT_EQ(m.kv_indices[at * nb + j], 0);
+              }
+              if (static_cast<int>(j) < m.full_kv_num_blocks[at]) {
+                ASSERT_LT(m.full_kv_indices[at * nb + j - 1], m.full_kv_indices[at * nb + j]);
+              } else {
+                ASSERT_EQ(m.full_kv_indices[at * nb + j], 0);
+              }
+            }
+            for (std::size_t kb = 0; kb < nb; ++kb) {
+              bool any = false, all = true;
+              for (std::size_t q = qb * bs; q < std::min(qb * bs + bs, w); ++q) {
+                for (std::size_t k = kb * bs; k < std::min(kb * bs + bs, w); ++k) {
+                  any = any || open(r, q, k);
+                  all = all && open(r, q, k);
+                }
+              }
+              const bool whole = qb * bs + bs <= w && kb * bs + bs <= w;
+              const int want = !any ? 0 : all && whole ? 2 : 1;
+              ASSERT_EQ(listed[kb], want)
+                  << "trial " << trial << " block size " << bs << " window " << window << " row "
+                  << r << " query block " << qb << " key block " << kb;
+              n_full += want == 2;
+              n_partial += want == 1;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(n_full, 1000u);  // both kinds really occur
+  EXPECT_GT(n_partial, 1000u);
+  const auto l = prepack::make_layout(prepack::first_fit_decreasing(std::vector<int>{2, 1}),
+                                      std::vector<int>{1, 2, 3});
+  EXPECT_PREPACK_ERROR(prepack::make_block_sparse_mask(l, 0), "block-sparse mask: block size 0");
 }
 
 }  // namespace

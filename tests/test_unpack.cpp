@@ -295,9 +295,52 @@ TEST_F(bad_input, LeftPaddedTooSmall) {
   auto batch = prepack::contiguous_view<float, 4>(dst_buf.data(), {3, 4, heads, dim});
   EXPECT_PREPACK_ERROR(prepack::unpack_left_padded(l, src, batch),
                        "prompt 0: length 5 exceeds the destination's 4 slots");
+  EXPECT_PREPACK_ERROR(prepack::left_padded_slots(l, 4),
+                       "prompt 0: length 5 exceeds the 4 columns");
   auto few = prepack::contiguous_view<float, 4>(dst_buf.data(), {2, 5, heads, dim});
   EXPECT_PREPACK_ERROR(prepack::unpack_left_padded(l, src, few), "2 rows for 3 prompts");
   expect_untouched();
+}
+
+// The gather indices name, for every destination element, the packed slot unpack_left_padded and
+// unpack_prompts copy it from: gathering the packed source's slot codes through them gives what
+// the scatter wrote.
+TEST(Unpack, GatherIndicesNameTheSlotsTheScatterCopies) {
+  std::mt19937_64 rng(43);
+  for (int trial = 0; trial < 200; ++trial) {
+    fixture f = random_fixture(rng, trial);
+    f.n_heads = f.head_dim = 1;
+    const auto& l = f.layout;
+    std::vector<std::int64_t> src_buf(l.n_slots());
+    std::iota(src_buf.begin(), src_buf.end(), std::int64_t{0});  // each slot holds its number
+    const auto src = prepack::packed_view(src_buf.data(), prepack::kv_order::row_slot_head_dim,
+                                          l.n_rows(), l.width(), 1, 1);
+    std::size_t longest = 0;
+    for (auto len : l.prompt_length()) longest = std::max(longest, static_cast<std::size_t>(len));
+    const std::size_t columns = longest + trial % 3;
+    std::vector<std::int64_t> batch(l.n_prompts() * columns, -1);
+    prepack::unpack_left_padded(
+        l, src,
+        prepack::contiguous_view<std::int64_t, 4>(batch.data(), {l.n_prompts(), columns, 1, 1}));
+    EXPECT_EQ(prepack::left_padded_slots(l, columns), batch);
+    std::vector<std::vector<std::int64_t>> each(l.n_prompts());
+    std::vector<prepack::tensor_view<std::int64_t, 3>> views;
+    for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+      each[i].resize(static_cast<std::size_t>(l.prompt_length()[i]));
+      views.push_back(
+          prepack::contiguous_view<std::int64_t, 3>(each[i].data(), {each[i].size(), 1, 1}));
+    }
+    prepack::unpack_prompts(l, src, views);
+    for (std::size_t last :
+         {std::size_t{1}, std::size_t{3}, longest, static_cast<std::size_t>(-1)}) {
+      std::vector<std::int64_t> want;
+      for (const auto& one : each) {
+        want.insert(want.end(), one.end() - static_cast<std::ptrdiff_t>(std::min(one.size(), last)),
+                    one.end());
+      }
+      EXPECT_EQ(prepack::prompt_slots(l, last), want);
+    }
+  }
 }
 
 TEST_F(bad_input, BlockTables) {

@@ -7,7 +7,8 @@
 // Destinations: one buffer per prompt, a left-padded decode batch, a paged KV pool through a
 // block table (vLLM style); gather_last picks each prompt's last-token row. Destinations may
 // hold float, double, prepack::half or prepack::bfloat16: the copy converts, rounding to
-// nearest even, as engines' cache kernels do.
+// nearest even, as engines' cache kernels do. Frameworks that copy on their own device (torch on
+// a GPU) take the same destinations as gather indices instead: left_padded_slots, prompt_slots.
 //
 // Engines that write KV layer by layer as the forward pass produces it build a slot_mapping
 // once (one pool slot per layout slot, -1 for pad slots, checked once) and call write_slots
@@ -456,6 +457,48 @@ void unpack_left_padded(const packed_layout<Token, Index>& l, tensor_view<S, 4> 
     const std::size_t slot = d.extent[2] - static_cast<std::size_t>(l.prompt_length()[i]) + t;
     return detail::token_dst<T>{&d(0, i, slot, 0, 0), d.stride[3], d.stride[4]};
   });
+}
+
+/// The gather form of unpack_left_padded, for frameworks that copy a layer with one indexed
+/// gather on their own device (torch.index_select): [n_prompts][columns] flat layout slots (row *
+/// width + offset + t), prompt i's token t at column columns - length_i + t, -1 on the pad
+/// columns before it. Throws prepack::error if a prompt is a chunk (it has no left-padded place)
+/// or longer than columns. O(n_prompts * columns).
+template <class Token, class Index>
+std::vector<std::int64_t> left_padded_slots(const packed_layout<Token, Index>& l,
+                                            std::size_t columns) {
+  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+    detail::require(l.prompt_context()[i] == 0, "prompt ", i, ": a chunk at position ",
+                    l.prompt_context()[i], " has no place in a left-padded batch");
+    detail::require(static_cast<std::size_t>(l.prompt_length()[i]) <= columns, "prompt ", i,
+                    ": length ", l.prompt_length()[i], " exceeds the ", columns, " columns");
+  }
+  std::vector<std::int64_t> out(detail::mul(l.n_prompts(), columns, "left-padded index"), -1);
+  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+    const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
+    const auto first = static_cast<std::int64_t>(l.first_slot(i));
+    std::int64_t* row = out.data() + i * columns + (columns - len);
+    for (std::size_t t = 0; t < len; ++t) row[t] = first + static_cast<std::int64_t>(t);
+  }
+  return out;
+}
+
+/// The gather form of unpack_prompts: the flat layout slots of every prompt's last `last` tokens
+/// (all of them by default), prompt after prompt in the layout's prompt order, each prompt's in
+/// token order: [sum_i min(length_i, last)]. A cache that keeps only a window of the newest
+/// tokens (a sliding-window layer) gathers last = window - 1. O(useful tokens).
+template <class Token, class Index>
+std::vector<std::int64_t> prompt_slots(const packed_layout<Token, Index>& l,
+                                       std::size_t last = static_cast<std::size_t>(-1)) {
+  std::vector<std::int64_t> out;
+  out.reserve(l.useful_tokens());
+  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
+    const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
+    const std::size_t from = len > last ? len - last : 0;
+    const auto first = static_cast<std::int64_t>(l.first_slot(i));
+    for (std::size_t t = from; t < len; ++t) out.push_back(first + static_cast<std::int64_t>(t));
+  }
+  return out;
 }
 
 /// Where every slot of a layout goes in a paged KV pool: one pool slot (block * block_size +
