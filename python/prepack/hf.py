@@ -1,68 +1,145 @@
-"""Prepacked prefill on Hugging Face transformers causal LMs: the Prepacking paper's system in
-its own setting.
+"""Prepacked prefill and batched generation on Hugging Face transformers causal LMs: the
+Prepacking paper's system in its own setting.
 
 ``prefill(model, prompts)`` packs the prompts into rows (first-fit-decreasing), runs the model
-once over the rows with a block-diagonal causal 4D attention mask and position ids that restart
-at 0 for every prompt, and returns each prompt's last-token logits and its own KV cache as the
-model's cache type (``DynamicCache``), exactly what running the prompt alone gives, up to float
-rounding. ``generate`` continues every prompt greedily from those caches; ``padded_prefill`` is
-the baseline (what ``model.generate`` does: left padding and a 2D mask).
+once over the rows with each prompt in its own causal block and position ids restarting at 0,
+and returns every prompt's last-token logits and its cache in the form decoding needs: one
+left-padded batch cache (a ``DynamicCache`` with its 2-D attention mask, what ``model.generate``
+continues) or, when asked, one cache per prompt. Each equals running the prompt alone, up to float
+rounding. ``generate(model, prompts)`` is one prepacked prefill and one batched
+``model.generate`` over all prompts, every generate argument honoured.
 
-The mask is transformers' own 4D convention (``PackedBatch.fill_mask``): additive, in the model's
-dtype, 0 where a query may attend and ``torch.finfo(dtype).min`` elsewhere (a finite minimum:
-eager attention adds the mask to the scores, and an infinity or an empty row gives NaN), every
-pad query attending to its own slot. It works under ``attn_implementation`` "eager" and "sdpa".
-Kernels that ignore a 4D mask (flash_attention_2 reads position ids instead) are refused.
+How the rows are attended, by the model's ``attn_implementation``:
 
-Only the model's forward pass runs in torch; planning, packing, the mask and the unpacking of
-every cache are prepack's C++. Importing this module imports torch and transformers.
+- ``eager``: the block-diagonal causal mask as an additive 4-D mask in the model's dtype (0 /
+  ``finfo.min``, every pad query open to its own slot so no softmax row is empty), built on the
+  model's device from prepack's segment ids;
+- ``sdpa``: the same mask as booleans;
+- ``flex_attention``: a ``BlockMask`` from prepack's block-sparse tables (``block_mask``): no dense
+  mask anywhere, attention computed only in the blocks the mask opens;
+- ``flash_attention_2`` / ``_3``: every prompt in one row without pads, attended through the
+  varlen kernel with ``cu_seqlens`` from prepack.
+
+Sliding-window layers (Mistral, Qwen2 / Qwen3 sliding layers, Gemma 2 / 3 local layers, ...) get
+their own windowed mask (a dict of masks by layer type where a model mixes types) and caches that
+keep what transformers' own cache keeps for them (the last window - 1 positions). Layer types come
+from transformers itself (``cache_utils.get_layer_types_and_kwargs``); a model whose positions
+come from the attention mask (ALiBi: BLOOM, MPT, Falcon with alibi), that takes no position ids,
+or has layers other than full or sliding attention is refused with an error naming it.
+
+Planning, packing, the block tables and the gather indices are prepack's C++; the mask, the forward
+pass and the gathers run in torch on the model's device. Importing this module imports torch and
+transformers.
+
+Prompts may be given as token-id sequences (lists, tuples, numpy arrays, torch tensors, of
+Python, numpy or torch integers), a ``prepack.Prompts``, a tokenizer's ``BatchEncoding`` (or any
+mapping with ``input_ids`` and ``attention_mask``), a padded 2-D ``input_ids`` with its
+``attention_mask`` (left or right padding stripped), or texts with ``tokenizer=``. Token ids are
+checked against the model's vocabulary before anything runs on the device.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Union
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 from . import _prepack
 
-__all__ = ["PrefillResult", "pack_inputs", "prefill", "unpack_caches", "generate", "padded_prefill"]
+__all__ = [
+    "PrefillResult",
+    "as_prompts",
+    "generate",
+    "pack_inputs",
+    "padded_prefill",
+    "prefill",
+]
 
-_MASKED_ATTENTION = ("eager", "sdpa")
+# attn_implementation -> how packed rows are attended (see the module docstring).
+_KERNELS = {
+    "eager": "mask",
+    "sdpa": "mask",
+    "flex_attention": "block",
+    "flash_attention_2": "varlen",
+    "flash_attention_3": "varlen",
+}
+# The class attribute with which transformers says a model supports a kernel.
+_SUPPORT_FLAGS = {
+    "sdpa": "_supports_sdpa",
+    "flex_attention": "_supports_flex_attn",
+    "flash_attention_2": "_supports_flash_attn",
+    "flash_attention_3": "_supports_flash_attn",
+}
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+_FLEX_BLOCK = 128  # FlexAttention's default block size
+
+
+# -- the model ---------------------------------------------------------------------------------
 
 
 @dataclass
-class PrefillResult:
-    """What a prefill gives, prompt by prompt, in the prompts' order."""
+class _Target:
+    """What prepack needs to know of a model, read once per call."""
 
-    logits: torch.Tensor
-    """[n_prompts, vocab]: each prompt's last-token logits, in the model's dtype."""
-    caches: List[Any]
-    """n_prompts caches of the model's type (DynamicCache), prompt i's holding exactly its
-    length positions: keys and values [1, kv_heads, length, head_dim] in every layer."""
-    batch: Optional[_prepack.PackedBatch] = None
-    """The packed rows that were run (None for padded_prefill)."""
-
-    def next_tokens(self) -> torch.Tensor:
-        """[n_prompts] int64: the greedy next token of every prompt."""
-        return self.logits.argmax(dim=-1)
+    kernel: str  # "mask", "block" or "varlen"
+    impl: str  # the model's attn_implementation
+    dtype: torch.dtype
+    device: torch.device
+    vocab_size: int
+    layer_types: List[str]  # [n_layers]  transformers' type of each cached layer
+    windows: Dict[str, Optional[int]]  # layer type -> its sliding window (None: full)
 
 
-def _as_prompts(prompts) -> _prepack.Prompts:
-    if isinstance(prompts, _prepack.Prompts):
-        return prompts
-    if isinstance(prompts, torch.Tensor):
-        prompts = list(prompts)
-    return _prepack.Prompts([p.tolist() if isinstance(p, torch.Tensor) else p for p in prompts])
+def _text_config(model):
+    cfg = model.config
+    get = getattr(cfg, "get_text_config", None)
+    return get(decoder=True) if get is not None else cfg
 
 
-def _check_attention(model) -> None:
-    impl = getattr(model.config, "_attn_implementation", None)
-    if impl is not None and impl not in _MASKED_ATTENTION:
+def _target(model) -> _Target:
+    cfg = _text_config(model)
+    name = type(model).__name__
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in _KERNELS:
         raise ValueError(
-            f"attn_implementation {impl!r} does not take a 4D attention mask: load the model "
-            f"with attn_implementation 'eager' or 'sdpa' to prefill packed rows")
+            f"{name}: attn_implementation {impl!r} has no packed form; load the model with "
+            f"attn_implementation one of {', '.join(repr(k) for k in _KERNELS)}")
+    flag = _SUPPORT_FLAGS.get(impl)
+    if flag is not None and getattr(type(model), flag, True) is False:
+        raise ValueError(f"{name} does not support attn_implementation {impl!r} (transformers' "
+                         f"{flag} is False); load it with one it supports")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError(f"{name}: an encoder-decoder model; prepack prefills decoder-only LMs")
+    if not getattr(cfg, "is_causal", True) or getattr(cfg, "use_bidirectional_attention", False):
+        raise ValueError(f"{name}: its attention is not causal, so prompts cannot share a row")
+    model_type = getattr(cfg, "model_type", "")
+    if model_type in ("bloom", "mpt") or getattr(cfg, "alibi", False):
+        raise ValueError(
+            f"{name} ({model_type}): ALiBi derives positions from the attention mask, not from "
+            f"position ids, so prompts cannot restart at position 0 inside a row")
+    params = inspect.signature(model.forward).parameters
+    if "position_ids" not in params:
+        raise ValueError(f"{name}: its forward takes no position_ids, so prompts cannot restart "
+                         f"at position 0 inside a row")
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(cfg)
+    windows: Dict[str, Optional[int]] = {}
+    for i, (t, kw) in enumerate(zip(layer_types, layer_kwargs)):
+        if t not in _LAYER_TYPES:
+            raise ValueError(f"{name}: layer {i} is {t!r}; prepack packs {' and '.join(_LAYER_TYPES)} "
+                             f"layers only")
+        w = int(kw["sliding_window"]) if t == "sliding_attention" else None
+        if windows.setdefault(t, w) != w:
+            raise ValueError(f"{name}: {t} layers with different windows ({windows[t]}, {w})")
+    emb = model.get_input_embeddings()
+    vocab = getattr(emb, "num_embeddings", None) or cfg.vocab_size
+    device = emb.weight.device if hasattr(emb, "weight") else model.device
+    return _Target(kernel=_KERNELS[impl], impl=impl, dtype=_dtype(model), device=device,
+                   vocab_size=int(vocab), layer_types=list(layer_types), windows=windows)
 
 
 def _dtype(model) -> torch.dtype:
@@ -72,146 +149,586 @@ def _dtype(model) -> torch.dtype:
     return torch.float32
 
 
-def pack_inputs(model, prompts, *, capacity: Optional[int] = None, method: str = "ffd"):
-    """Packs prompts for ``model``: returns (PackedBatch, inputs), inputs a dict of torch
-    tensors on the model's device for ``model(**inputs)``: input_ids and position_ids [n_rows,
-    width] int64, attention_mask [n_rows, 1, width, width] in the model's dtype (see the module
-    docstring). ValueError as prepack.pack does ("prompt 7: length 0")."""
-    batch = _prepack.pack(_as_prompts(prompts), capacity=capacity, method=method)
-    device = model.device
-    mask = torch.empty((batch.n_rows, 1, batch.width, batch.width), dtype=_dtype(model))
-    batch.fill_mask(mask)
-    inputs = {
-        "input_ids": torch.tensor(batch.input_ids, device=device),
-        "position_ids": torch.tensor(batch.position_ids, device=device),
-        "attention_mask": mask.to(device),
+# -- prompts as users have them ----------------------------------------------------------------
+
+
+def as_prompts(prompts, *, attention_mask=None, tokenizer=None,
+               vocab_size: Optional[int] = None) -> _prepack.Prompts:
+    """Prompts in every form users have them, as a prepack.Prompts (int32 token ids):
+
+    - token-id sequences: lists, tuples, numpy arrays or torch tensors of Python, numpy or torch
+      integers, or a prepack.Prompts (returned as is);
+    - a tokenizer's BatchEncoding, or any mapping with ``input_ids`` (and ``attention_mask``);
+    - ``input_ids`` as a padded 2-D tensor or array with ``attention_mask`` (1 on real tokens; left
+      or right padding is stripped); without a mask a 2-D input is refused, since its pads would
+      be prefilled as tokens;
+    - a text or a list of texts, with ``tokenizer=`` (tokenized with its special tokens).
+
+    vocab_size: when given, every token id is checked to be in [0, vocab_size) ("prompt 3: token
+    51234 at position 17 is outside the vocabulary (32000)"). TypeError / ValueError name the
+    prompt and the value. O(tokens), no per-token Python loop.
+    """
+    out = _as_prompts(prompts, attention_mask, tokenizer)
+    if len(out) == 0:
+        raise ValueError("no prompts")
+    if vocab_size is not None:
+        out.check_vocabulary(vocab_size)
+    return out
+
+
+def _as_prompts(prompts, attention_mask, tokenizer) -> _prepack.Prompts:
+    if isinstance(prompts, _prepack.Prompts):
+        if attention_mask is not None:
+            raise ValueError("attention_mask: prompts given as prepack.Prompts have no pads")
+        return prompts
+    if isinstance(prompts, Mapping) or hasattr(prompts, "input_ids") and hasattr(prompts, "keys"):
+        if "input_ids" not in prompts:
+            raise TypeError(f"prompts: a mapping without 'input_ids' (keys: {list(prompts.keys())})")
+        mask = attention_mask if attention_mask is not None else prompts.get("attention_mask")
+        return _as_prompts(prompts["input_ids"], mask, None)
+    if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                    and all(isinstance(p, str) for p in prompts)):
+        texts = [prompts] if isinstance(prompts, str) else list(prompts)
+        if tokenizer is None:
+            raise TypeError("prompts: texts need tokenizer= (the model's tokenizer)")
+        return _prepack.Prompts(tokenizer(texts, add_special_tokens=True)["input_ids"])
+    if isinstance(prompts, (torch.Tensor, np.ndarray)):
+        a = prompts.detach().cpu().numpy() if isinstance(prompts, torch.Tensor) else prompts
+        if a.ndim != 2:
+            raise ValueError(f"prompts: a {a.ndim}-D {type(prompts).__name__}; a padded 2-D "
+                             f"input_ids (with attention_mask) or a list of prompts expected")
+        if attention_mask is None:
+            raise ValueError(
+                "prompts: a 2-D input_ids without attention_mask; its pads would be prefilled as "
+                "tokens. Pass attention_mask= (torch.ones_like(input_ids) if nothing is padded), "
+                "or a list of prompts")
+        return _strip_pads(a, attention_mask)
+    if attention_mask is not None:
+        # A tokenizer's lists: padded to one length (a 2-D array), or unpadded with all-ones masks.
+        try:
+            a = np.asarray(prompts)
+        except ValueError:  # ragged
+            a = None
+        if a is not None and a.ndim == 2:
+            return _strip_pads(a, attention_mask)
+        ps = _prepack.Prompts(prompts)
+        masks = list(attention_mask)
+        if len(masks) != len(ps):
+            raise ValueError(f"attention_mask: {len(masks)} rows for {len(ps)} prompts")
+        for i, m in enumerate(masks):
+            m = np.asarray(m)
+            if m.shape != (len(ps[i]),) or not (m != 0).all():
+                raise ValueError(f"prompt {i}: attention_mask {m.tolist()[:8]} does not cover "
+                                 f"its {len(ps[i])} tokens with ones")
+        return ps
+    return _prepack.Prompts(prompts)
+
+
+def _strip_pads(ids: np.ndarray, attention_mask) -> _prepack.Prompts:
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"input_ids: dtype {ids.dtype}, integer token ids expected")
+    m = attention_mask.detach().cpu().numpy() if isinstance(attention_mask, torch.Tensor) \
+        else np.asarray(attention_mask)
+    if m.shape != ids.shape:
+        raise ValueError(f"attention_mask: shape {tuple(m.shape)}, input_ids has {tuple(ids.shape)}")
+    m = m != 0
+    lengths = m.sum(axis=1)
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise ValueError(f"prompt {int(empty[0])}: attention_mask has no real token (length 0)")
+    # Left or right padding: each row's real tokens are one run. A run of n ones starting at f
+    # has cumsum reaching n at f + n - 1 and nothing outside it.
+    first = m.argmax(axis=1)
+    cols = np.arange(m.shape[1])
+    run = (cols[None, :] >= first[:, None]) & (cols[None, :] < (first + lengths)[:, None])
+    holes = np.flatnonzero((run != m).any(axis=1))
+    if holes.size:
+        raise ValueError(f"prompt {int(holes[0])}: attention_mask is not one run of real tokens "
+                         f"(neither left nor right padding)")
+    return _prepack.Prompts.from_flat(ids[m], lengths)
+
+
+def _flat(prompts: _prepack.Prompts) -> Tuple[np.ndarray, np.ndarray]:
+    """(tokens [total] int32, lengths [n] int64) of prompts, prompt after prompt."""
+    return prompts.flat()
+
+
+# -- packed rows and their masks ---------------------------------------------------------------
+
+
+def _attention(t: _Target, batch: _prepack.PackedBatch):
+    """The attention_mask argument for the packed rows: one mask, or a dict by layer type where
+    the model has layers of different windows; None for the varlen kernels."""
+    if t.kernel == "varlen":
+        return None
+    seg = torch.tensor(batch.segment_ids, device=t.device)
+    build = _dense_mask if t.kernel == "mask" else _block_mask
+    masks = {}
+    for kind in dict.fromkeys(t.layer_types):
+        masks[kind] = build(t, batch, seg, t.windows[kind])
+    if len(set(t.windows.values())) == 1:
+        return next(iter(masks.values()))
+    return masks
+
+
+def _dense_mask(t: _Target, batch, seg: torch.Tensor, window: Optional[int]) -> torch.Tensor:
+    """[n_rows, 1, width, width] on the model's device: bool for sdpa, additive in the model's
+    dtype for eager. A query attends keys of its own prompt at or before it (less than window
+    slots back); a pad query its own slot."""
+    w = seg.shape[1]
+    slot = torch.arange(w, device=seg.device)
+    back = slot[:, None] - slot[None, :]  # [w, w] query slot - key slot
+    causal = back >= 0 if window is None else (back >= 0) & (back < window)
+    allowed = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0) & causal
+    allowed |= torch.eye(w, dtype=torch.bool, device=seg.device)
+    allowed = allowed[:, None]
+    if t.impl == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=t.dtype, device=seg.device).masked_fill_(
+        ~allowed, torch.finfo(t.dtype).min)
+
+
+def _block_mask(t: _Target, batch, seg: torch.Tensor, window: Optional[int]):
+    """FlexAttention's BlockMask from prepack's block-sparse tables; mask_mod (evaluated in the
+    partial blocks only) reads the segment ids, padded to whole blocks."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    tables = batch.block_mask(_FLEX_BLOCK, window or 0)
+    n_blocks = tables["kv_num_blocks"].shape[1]
+    w = seg.shape[1]
+    seg_p = torch.full((seg.shape[0], n_blocks * _FLEX_BLOCK), -1, dtype=seg.dtype, device=seg.device)
+    seg_p[:, :w] = seg
+
+    def mask_mod(b, h, q, kv):
+        sq = seg_p[b, q]
+        ok = (sq == seg_p[b, kv]) & (sq >= 0) & (kv <= q)
+        if window is not None:
+            ok = ok & (q - kv < window)
+        return ok | (q == kv)
+
+    def dev(name):
+        return torch.tensor(tables[name], device=seg.device)[:, None]
+
+    return BlockMask.from_kv_blocks(dev("kv_num_blocks"), dev("kv_indices"),
+                                    dev("full_kv_num_blocks"), dev("full_kv_indices"),
+                                    BLOCK_SIZE=_FLEX_BLOCK, mask_mod=mask_mod, seq_lengths=(w, w),
+                                    compute_q_blocks=False)
+
+
+def _pack(t: _Target, prompts: _prepack.Prompts, capacity, method) -> _prepack.PackedBatch:
+    if t.kernel == "varlen":  # every prompt in one row, no pad: the varlen kernel's form
+        return _prepack.pack(prompts, capacity=prompts.total_tokens, method="ffd")
+    return _prepack.pack(prompts, capacity=capacity, method=method)
+
+
+def _model_inputs(t: _Target, batch: _prepack.PackedBatch) -> Dict[str, Any]:
+    inputs: Dict[str, Any] = {
+        "input_ids": torch.tensor(batch.input_ids, device=t.device),
+        "position_ids": torch.tensor(batch.position_ids, device=t.device),
+        "attention_mask": _attention(t, batch),
     }
-    return batch, inputs
+    if t.kernel == "varlen":
+        cu = torch.tensor(batch.row_cu_seqlens(0), dtype=torch.int32, device=t.device)
+        longest = int(batch.prompt_length.max())
+        inputs.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=longest,
+                      max_length_k=longest)
+    return inputs
 
 
-def _layers(cache):
-    """(keys, values) of every layer of a transformers cache (DynamicCache and its kin)."""
-    if hasattr(cache, "layers"):
-        return [(layer.keys, layer.values) for layer in cache.layers]
-    return list(zip(cache.key_cache, cache.value_cache))
+def pack_inputs(model, prompts, *, capacity: Optional[int] = None, method: str = "ffd",
+                attention_mask=None, tokenizer=None):
+    """Packs prompts for ``model``: returns (PackedBatch, inputs), inputs the keyword arguments of
+    ``model(**inputs)`` on the model's device: input_ids and position_ids [n_rows, width] int64
+    and attention_mask as the model's attention implementation takes it (module docstring), plus
+    cu_seq_lens_q / _k and max_length_q / _k for the flash kernels. Prompts in any form
+    ``as_prompts`` takes. O(slots) on the host, the mask O(n_rows width^2) on the device (eager,
+    sdpa) or O(n_rows (width / 128)^2) (flex)."""
+    t = _target(model)
+    ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
+                    vocab_size=t.vocab_size)
+    batch = _pack(t, ps, capacity, method)
+    return batch, _model_inputs(t, batch)
+
+
+def _forward(model, t: _Target, batch, want_cache: bool, logits_of: Optional[np.ndarray]):
+    """One forward pass over the packed rows. Returns (logits [len(logits_of), vocab] or None,
+    the rows' cache: a plain DynamicCache whose every layer holds all the rows' slots)."""
+    from transformers import DynamicCache
+
+    inputs = _model_inputs(t, batch)
+    cache = DynamicCache() if want_cache else None  # full layers: nothing cut to a window
+    rows = torch.tensor(logits_of if logits_of is not None else np.zeros(0, np.int64),
+                        device=t.device)
+
+    def gather_rows(module, args):
+        hidden = args[0]  # [n_rows, width, hidden]
+        return (hidden.reshape(-1, hidden.shape[-1])[rows.to(hidden.device)].unsqueeze(0),) + \
+            tuple(args[1:])
+
+    hook = model.get_output_embeddings().register_forward_pre_hook(gather_rows)
+    try:
+        out = model(**inputs, past_key_values=cache, use_cache=want_cache)
+    finally:
+        hook.remove()
+    logits = out.logits[0] if logits_of is not None else None
+    return logits, cache
+
+
+# -- caches in the form decoding needs ---------------------------------------------------------
+
+
+def _layer_kv(cache):
+    """(keys, values) of every layer of a transformers cache."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _fill_layer(layer, k: torch.Tensor, v: torch.Tensor, seen: int) -> None:
+    """Sets a transformers cache layer to hold k and v [batch, kv_heads, kept, head_dim] after
+    `seen` positions, as its own update() would leave it (a sliding layer keeps the last window -
+    1 positions and counts every position seen)."""
+    layer.lazy_initialization(k, v)
+    layer.keys, layer.values = k, v
+    if hasattr(layer, "cumulative_length"):
+        layer.cumulative_length = seen
 
 
 def _new_cache(model):
     from transformers import DynamicCache
 
-    try:
-        return DynamicCache(config=model.config)
-    except TypeError:  # transformers before the config argument
-        return DynamicCache()
+    return DynamicCache(config=model.config)
 
 
-def unpack_caches(model, batch: _prepack.PackedBatch, past, torch_slicing: bool = False):
-    """Every prompt's cache out of the packed rows' ``past_key_values``: a list of the model's
-    cache type (DynamicCache), prompt i's holding keys and values [1, kv_heads, length_i,
-    head_dim] in every layer. On CPU tensors prepack's unpacker copies them (one C++ call per
-    layer and K / V: PackedBatch.unpack); elsewhere (a GPU) each prompt's slice is copied in
-    torch. Frees each packed layer once it is copied (``past`` is emptied)."""
+class _Gather:
+    """Gathers each layer of the packed rows' cache [n_rows, kv_heads, width, head_dim] into a
+    destination with one index_select per layer and K / V: the index, built from prepack's flat
+    slots, is expanded over the heads once per (device, heads) and reused for every layer."""
+
+    def __init__(self, slots: np.ndarray, width: int):
+        self.slots = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))  # [...]
+        self.width = width
+        self._index: Dict[Tuple[torch.device, int], torch.Tensor] = {}
+
+    def index(self, device, heads: int) -> torch.Tensor:
+        key = (device, heads)
+        if key not in self._index:
+            s = self.slots.to(device)
+            row, slot = s // self.width, s % self.width
+            h = torch.arange(heads, device=device)
+            # [..., heads, n]: (row * heads + h) * width + slot
+            self._index[key] = ((row[..., None, :] * heads + h[:, None]) * self.width +
+                                slot[..., None, :])
+        return self._index[key]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        heads, d = x.shape[1], x.shape[-1]
+        idx = self.index(x.device, heads)
+        return x.contiguous().view(-1, d).index_select(0, idx.reshape(-1)).view(*idx.shape, d)
+
+
+def _batch_cache(model, t: _Target, rows_cache, batch, present: np.ndarray, columns: int,
+                 expand: int = 1):
+    """The left-padded batch cache: [n * expand, kv_heads, kept, head_dim] per layer, prompt i
+    (rows i * expand .. i * expand + expand - 1) holding its prefilled tokens right-aligned in
+    `columns` columns (sliding layers the last window - 1 of them). present[i]: prompt i's index
+    in the packed batch, or -1 if it has no prefilled token (its columns are all pads)."""
+    slots = np.zeros((len(present), columns), np.int64)  # pads gather slot 0: finite, masked
+    if (present >= 0).any():
+        packed = batch.left_padded_slots(columns)  # [n_packed, columns], -1 on pads
+        slots[present >= 0] = np.maximum(packed[present[present >= 0]], 0)
+    if expand > 1:
+        slots = np.repeat(slots, expand, axis=0)
+    gathers = {}
+    for kind, w in t.windows.items():
+        keep = columns if w is None else min(columns, w - 1)
+        gathers[kind] = _Gather(slots[:, columns - keep:], batch.width)
+    cache = _new_cache(model)
+    layers = rows_cache.layers
+    for i, (layer, kind) in enumerate(zip(cache.layers, t.layer_types)):
+        k, v = layers[i].keys, layers[i].values
+        g = gathers[kind]
+        _fill_layer(layer, g(k), g(v), columns)
+        layers[i].keys = layers[i].values = None  # the rows' layer is no longer needed
+    return cache
+
+
+def _prompt_caches(model, t: _Target, rows_cache, batch) -> List[Any]:
+    """One DynamicCache per prompt, prompt i's layers [1, kv_heads, kept_i, head_dim], views of
+    one gathered buffer per layer and K / V (sliding layers keep the last window - 1 positions)."""
     n = batch.n_prompts
+    lengths = batch.prompt_length.astype(np.int64)
     caches = [_new_cache(model) for _ in range(n)]
-    rows = batch.prompt_row.tolist()
-    offsets = batch.prompt_offset.tolist()
-    lengths = batch.prompt_length.tolist()
-    layers = past.layers if hasattr(past, "layers") else None
-    for li, (k, v) in enumerate(_layers(past)):
-        if k.device.type == "cpu" and not torch_slicing:
-            ks = batch.unpack(k, axis=2)  # n tensors [kv_heads, length, head_dim]
-            vs = batch.unpack(v, axis=2)
-        else:
-            ks = [k[r, :, o:o + L].clone() for r, o, L in zip(rows, offsets, lengths)]
-            vs = [v[r, :, o:o + L].clone() for r, o, L in zip(rows, offsets, lengths)]
-        if layers is not None:
-            layers[li].keys = layers[li].values = None
+    plans = {}
+    for kind, w in t.windows.items():
+        last = None if w is None else w - 1
+        kept = lengths if last is None else np.minimum(lengths, last)
+        plans[kind] = (_PromptGather(batch.prompt_slots(last), kept, batch.width), kept)
+    layers = rows_cache.layers
+    for li, kind in enumerate(t.layer_types):
+        g, kept = plans[kind]
+        ks, vs = g(layers[li].keys), g(layers[li].values)
         for i in range(n):
-            caches[i].update(ks[i].unsqueeze(0), vs[i].unsqueeze(0), li)
+            _fill_layer(caches[i].layers[li], ks[i], vs[i], int(lengths[i]))
+        layers[li].keys = layers[li].values = None
     return caches
 
 
-@torch.no_grad()
-def prefill(model, prompts, *, capacity: Optional[int] = None, method: str = "ffd",
-            return_caches: bool = True) -> PrefillResult:
-    """Prefills prompts (a sequence of token-id sequences: lists, arrays, tensors, or a
-    prepack.Prompts) on a transformers causal LM with prepacked rows, in one forward pass.
+class _PromptGather:
+    """Gathers every prompt's kept tokens of a layer into one buffer ordered (prompt, head,
+    token), so that prompt i's [1, kv_heads, kept_i, head_dim] is a contiguous view of it."""
 
-    capacity: slots per row (default: the longest prompt, as in the paper); method: 'ffd'
-    (first-fit-decreasing) or 'bfd'. Returns a PrefillResult: logits [n_prompts, vocab] of each
-    prompt's last token and, with return_caches, each prompt's cache (DynamicCache of exactly its
-    positions), equal to running the prompt alone up to float rounding. Only last-token rows go
-    through the LM head (a pre-hook on the output embeddings gathers them). ValueError for an
-    empty prompt, a capacity below a prompt, or an attention implementation that ignores 4D
-    masks.
+    def __init__(self, slots: np.ndarray, kept: np.ndarray, width: int):
+        self.slots = torch.from_numpy(np.ascontiguousarray(slots, dtype=np.int64))
+        self.kept = torch.from_numpy(np.ascontiguousarray(kept, dtype=np.int64))
+        self.width = width
+        self._index: Dict[Tuple[torch.device, int], torch.Tensor] = {}
+
+    def index(self, device, heads: int) -> torch.Tensor:
+        key = (device, heads)
+        if key not in self._index:
+            s, kept = self.slots.to(device), self.kept.to(device)
+            start = torch.cumsum(kept, 0) - kept  # [n] first entry of prompt i
+            owner = torch.repeat_interleave(torch.arange(len(kept), device=device), kept)
+            t = torch.arange(len(s), device=device) - start[owner]  # token within its prompt
+            h = torch.arange(heads, device=device)
+            src = ((s // self.width)[:, None] * heads + h) * self.width + (s % self.width)[:, None]
+            dst = start[owner][:, None] * heads + h * kept[owner][:, None] + t[:, None]
+            index = torch.empty(len(s) * heads, dtype=torch.int64, device=device)
+            index[dst.reshape(-1)] = src.reshape(-1)
+            self._index[key] = index
+        return self._index[key]
+
+    def __call__(self, x: torch.Tensor) -> List[torch.Tensor]:
+        heads, d = x.shape[1], x.shape[-1]
+        flat = x.contiguous().view(-1, d).index_select(0, self.index(x.device, heads))
+        parts = torch.split(flat, (self.kept * heads).tolist())
+        return [p.view(1, heads, int(k), d) for p, k in zip(parts, self.kept.tolist())]
+
+
+def _left_padded(tokens: np.ndarray, lengths: np.ndarray, columns: int, pad_id: int, device):
+    """(input_ids, attention_mask) [n, columns] int64, each prompt right-aligned (left padding)."""
+    n = len(lengths)
+    ids = np.full((n, columns), pad_id, np.int64)
+    mask = np.zeros((n, columns), np.int64)
+    owner = np.repeat(np.arange(n), lengths)
+    col = columns - np.repeat(lengths, lengths) + (np.arange(len(tokens)) -
+                                                   np.repeat(np.cumsum(lengths) - lengths, lengths))
+    ids[owner, col] = tokens
+    mask[owner, col] = 1
+    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
+
+
+# -- prefill -----------------------------------------------------------------------------------
+
+
+@dataclass
+class PrefillResult:
+    """What a prefill gives, prompt by prompt, in the prompts' order."""
+
+    logits: Optional[torch.Tensor]
+    """[n_prompts, vocab]: each prompt's last-token logits, in the model's dtype."""
+    cache: Any = None
+    """cache="batch": the left-padded batch cache (DynamicCache, layers [n_prompts, kv_heads,
+    longest, head_dim], sliding layers the last window - 1 columns), as ``model.generate`` leaves
+    it after prefilling ``input_ids`` with ``attention_mask``."""
+    attention_mask: Optional[torch.Tensor] = None
+    """[n_prompts, longest] int64: 1 on each prompt's columns of the batch cache, 0 on pads."""
+    input_ids: Optional[torch.Tensor] = None
+    """[n_prompts, longest] int64: the prompts left-padded with pad_id, as the cache holds them."""
+    caches: List[Any] = field(default_factory=list)
+    """cache="prompts": one DynamicCache per prompt, prompt i's layers [1, kv_heads, length_i,
+    head_dim] (sliding layers the last window - 1 positions)."""
+    batch: Optional[_prepack.PackedBatch] = None
+    """The packed rows that were run (None for padded_prefill)."""
+
+    def next_tokens(self) -> torch.Tensor:
+        """[n_prompts] int64: the greedy next token of every prompt."""
+        if self.logits is None:
+            raise ValueError("no logits: the prefill ran without the LM head")
+        return self.logits.argmax(dim=-1)
+
+
+@torch.no_grad()
+def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optional[int] = None,
+            method: str = "ffd", attention_mask=None, tokenizer=None,
+            pad_token_id: int = 0) -> PrefillResult:
+    """Prefills prompts on a transformers causal LM with prepacked rows, in one forward pass.
+
+    prompts: in any form ``as_prompts`` takes (token-id sequences, a BatchEncoding, padded
+    input_ids with attention_mask, texts with tokenizer=). capacity: slots per row (default the
+    longest prompt, as in the paper); method: 'ffd' (first-fit-decreasing) or 'bfd'. Ignored by
+    the flash kernels, which take every prompt in one row.
+
+    cache: "batch" (default) returns the left-padded batch cache with its attention_mask and
+    input_ids, what ``model.generate`` continues (append each prompt's next token to input_ids
+    and a 1 to attention_mask); "prompts" one cache per prompt; None no cache (the forward pass
+    keeps none). Logits: each prompt's last token's, the LM head applied to those rows only.
+    Every result equals running the prompt alone, up to float rounding.
+
+    Cost: the forward pass over n_rows * width slots (about the prompts' total), the mask
+    (module docstring), and per layer one gather of n_prompts * longest (batch) or total tokens
+    (prompts) K and V rows on the model's device; the packed rows' cache of a layer is freed as
+    soon as it is gathered. ValueError for an empty prompt, a token outside the vocabulary, a
+    capacity below a prompt, a cache form other than the three, or a model prepack cannot pack
+    (an error naming it).
     """
-    _check_attention(model)
-    batch, inputs = pack_inputs(model, prompts, capacity=capacity, method=method)
-    last = torch.tensor(batch.last_token, device=model.device)
-
-    def gather_last(module, args):
-        hidden = args[0]  # [n_rows, width, hidden]
-        return (hidden.reshape(-1, hidden.shape[-1])[last].unsqueeze(0),) + tuple(args[1:])
-
-    hook = model.get_output_embeddings().register_forward_pre_hook(gather_last)
-    try:
-        out = model(**inputs, use_cache=return_caches)
-    finally:
-        hook.remove()
-    logits = out.logits[0]
-    caches = unpack_caches(model, batch, out.past_key_values) if return_caches else []
-    return PrefillResult(logits=logits, caches=caches, batch=batch)
+    if cache not in ("batch", "prompts", None):
+        raise ValueError(f"cache: {cache!r}, expected 'batch', 'prompts' or None")
+    t = _target(model)
+    ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
+                    vocab_size=t.vocab_size)
+    batch = _pack(t, ps, capacity, method)
+    logits, rows = _forward(model, t, batch, cache is not None, batch.last_token)
+    result = PrefillResult(logits=logits, batch=batch)
+    if cache == "batch":
+        longest = int(batch.prompt_length.max())
+        result.cache = _batch_cache(model, t, rows, batch, np.arange(len(ps)), longest)
+        tokens, lengths = _flat(ps)
+        result.input_ids, result.attention_mask = _left_padded(tokens, lengths, longest,
+                                                               pad_token_id, t.device)
+    elif cache == "prompts":
+        result.caches = _prompt_caches(model, t, rows, batch)
+    return result
 
 
 @torch.no_grad()
-def padded_prefill(model, prompts, *, pad_token_id: int = 0,
-                   return_caches: bool = True) -> PrefillResult:
+def padded_prefill(model, prompts, *, pad_token_id: int = 0, attention_mask=None,
+                   tokenizer=None) -> PrefillResult:
     """The baseline: the prompts padded on the left to the longest, a 2D attention mask and
     position ids from it, as ``model.generate`` prefills a batch; logits of the last slot only.
-    Returns per-prompt caches too (each prompt's positions cut out of its padded row)."""
-    lists = [list(p) for p in _as_prompts(prompts)]
-    width = max(len(p) for p in lists)
-    ids = torch.full((len(lists), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(lists), width), dtype=torch.long)
-    for i, p in enumerate(lists):
-        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-        mask[i, width - len(p):] = 1
+    Returns the model's own batch cache with its input_ids and attention_mask."""
+    t = _target(model)
+    ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
+                    vocab_size=t.vocab_size)
+    tokens, lengths = _flat(ps)
+    ids, mask = _left_padded(tokens, lengths, int(lengths.max()), pad_token_id, t.device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                position_ids=position_ids.to(model.device), use_cache=return_caches,
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                 logits_to_keep=1)
-    caches = []
-    if return_caches:
-        caches = [_new_cache(model) for _ in lists]
-        for li, (k, v) in enumerate(_layers(out.past_key_values)):
-            for i, p in enumerate(lists):
-                caches[i].update(k[i:i + 1, :, width - len(p):].clone(),
-                                 v[i:i + 1, :, width - len(p):].clone(), li)
-    return PrefillResult(logits=out.logits[:, -1], caches=caches)
+    return PrefillResult(logits=out.logits[:, -1], cache=out.past_key_values, attention_mask=mask,
+                         input_ids=ids)
+
+
+# -- generation --------------------------------------------------------------------------------
+
+
+class _Progress:
+    """A stopping criterion that stops nothing and advances a tqdm bar a step per token."""
+
+    def __init__(self, total: Optional[int], desc: str):
+        try:
+            from tqdm.auto import tqdm
+        except ImportError as e:
+            raise ImportError("progress=True needs tqdm (pip install tqdm)") from e
+        self.bar = tqdm(total=total, desc=desc, unit="tok")
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.bar.update(1)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 
 @torch.no_grad()
-def generate(model, prompts, max_new_tokens: int, *, capacity: Optional[int] = None,
-             method: str = "ffd", **generate_kwargs) -> List[List[int]]:
-    """Greedy continuations of every prompt: a prepacked prefill, the first token from its
-    logits, then ``model.generate`` continuing each prompt from its own cache (which covers the
-    prompt; transformers computes only the tokens past the cache). Returns max_new_tokens token
-    ids per prompt (fewer when generation stops at an end-of-sequence token)."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens {max_new_tokens} (at least 1)")
-    ps = _as_prompts(prompts)
-    result = prefill(model, ps, capacity=capacity, method=method)
-    first = result.next_tokens().tolist()
-    out = []
-    generate_kwargs.setdefault("do_sample", False)
-    for i in range(len(ps)):
-        prompt = ps[i].tolist()
-        if max_new_tokens == 1:
-            out.append([first[i]])
-            continue
-        ids = torch.tensor([prompt + [first[i]]], device=model.device)
-        g = model.generate(ids, attention_mask=torch.ones_like(ids),
-                           past_key_values=result.caches[i], max_new_tokens=max_new_tokens - 1,
-                           **generate_kwargs)
-        out.append(g[0, len(prompt):].tolist())
-    return out
+def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_mask=None,
+             tokenizer=None, capacity: Optional[int] = None, method: str = "ffd",
+             progress: bool = False, **generate_kwargs):
+    """Continues every prompt: one prepacked prefill, then one batched ``model.generate`` over all
+    prompts from the left-padded batch cache.
+
+    The prefill covers every prompt but its last token; generate runs that token first, so its
+    logits pass through the generation config's processors like every other (sampling,
+    repetition penalties, ...), and every generate argument works as in ``model.generate``:
+    sampling, beams, ``num_return_sequences``, EOS and ``stopping_criteria`` / ``stop_strings``
+    (with ``tokenizer=``), streamers, ``return_dict_in_generate`` and its scores. ``max_length``
+    counts the left-padded batch's columns, as ``model.generate`` on a padded batch does: prefer
+    ``max_new_tokens``.
+
+    Returns, by default, a list of the new tokens of every returned sequence (n_prompts *
+    num_return_sequences lists, prompt-major), each ending where generating it alone would stop
+    (its EOS included); with ``return_dict_in_generate=True``, ``model.generate``'s own output for
+    the left-padded batch (sequences [n * num_return_sequences, longest + new], scores, ...).
+    Greedy fp32 output equals ``model.generate`` on each prompt alone, token for token.
+
+    progress: a tqdm bar over the new tokens. Cost: the prefill (see prefill) plus the decode of
+    ``model.generate`` over the batch. ValueError as prefill.
+    """
+    t = _target(model)
+    ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
+                    vocab_size=t.vocab_size)
+    if max_new_tokens is not None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens {max_new_tokens} (at least 1)")
+        generate_kwargs["max_new_tokens"] = max_new_tokens
+    config, _ = model._prepare_generation_config(generate_kwargs.pop("generation_config", None),
+                                                 **dict(generate_kwargs))
+    if tokenizer is not None:
+        generate_kwargs.setdefault("tokenizer", tokenizer)
+    expand = max(int(config.num_beams or 1), int(config.num_return_sequences or 1))
+    pad_id = config.pad_token_id
+    if pad_id is None:
+        eos = config.eos_token_id
+        pad_id = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
+    pad_id = int(pad_id.item() if isinstance(pad_id, torch.Tensor) else pad_id)
+
+    tokens, lengths = _flat(ps)
+    columns = int(lengths.max())
+    ids, mask = _left_padded(tokens, lengths, columns, pad_id, t.device)
+    kwargs = dict(generate_kwargs)
+    if columns > 1:
+        # Every prompt but its last token, packed; the batch cache holds columns - 1 columns.
+        last = np.cumsum(lengths) - 1
+        keep = np.ones(len(tokens), bool)
+        keep[last] = False
+        heads = lengths - 1
+        present = np.full(len(ps), -1, np.int64)
+        present[heads > 0] = np.arange(int((heads > 0).sum()))
+        head_prompts = _prepack.Prompts.from_flat(tokens[keep], heads[heads > 0])
+        batch = _pack(t, head_prompts, capacity, method)
+        _, rows = _forward(model, t, batch, True, None)
+        kwargs["past_key_values"] = _batch_cache(model, t, rows, batch, present, columns - 1,
+                                                 expand)
+    bar = None
+    if progress:
+        from transformers import StoppingCriteriaList
+
+        bar = _Progress(config.max_new_tokens, "prepack.hf.generate")
+        user = kwargs.get("stopping_criteria") or []
+        kwargs["stopping_criteria"] = StoppingCriteriaList([*user, bar])
+    try:
+        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+    finally:
+        if bar is not None:
+            bar.bar.close()
+    if config.return_dict_in_generate:
+        return out
+    return _new_tokens(out, columns, config, generate_kwargs)
+
+
+def _new_tokens(sequences: torch.Tensor, columns: int, config, kwargs) -> List[List[int]]:
+    """Each sequence's new tokens up to where generating it alone stops: its first EOS
+    (included), or the first step a stopping criterion or stop string fires (evaluated again on
+    each sequence's prefix, as generate evaluated it)."""
+    new = sequences[:, columns:]
+    n, steps = new.shape
+    stop = torch.full((n,), steps, dtype=torch.long)
+    eos = config.eos_token_id
+    if eos is not None:
+        eos_ids = torch.tensor(eos if isinstance(eos, (list, tuple)) else [eos],
+                               device=new.device).reshape(-1)
+        hit = torch.isin(new, eos_ids).cpu()
+        first = torch.where(hit.any(1), hit.int().argmax(1) + 1, steps)
+        stop = torch.minimum(stop, first)
+    criteria = list(kwargs.get("stopping_criteria") or [])
+    if kwargs.get("stop_strings"):
+        from transformers import StopStringCriteria
+
+        criteria.append(StopStringCriteria(kwargs["tokenizer"], config.stop_strings))
+    if criteria:
+        done = torch.zeros(n, dtype=torch.bool)
+        for s in range(steps):
+            fired = torch.zeros(n, dtype=torch.bool, device=sequences.device)
+            for c in criteria:
+                fired |= c(sequences[:, :columns + s + 1], None).to(sequences.device)
+            fired = fired.cpu() & ~done
+            stop = torch.where(fired, torch.minimum(stop, torch.tensor(s + 1)), stop)
+            done |= fired
+    rows = new.cpu().tolist()
+    return [row[:int(k)] for row, k in zip(rows, stop.tolist())]

@@ -23,15 +23,23 @@ namespace pp {
 namespace nb = nanobind;
 using namespace nb::literals;
 
+/// The element type Python sees for a C++ element type: sizes and indices held as size_t
+/// (always below 2^63) are shown as int64, the type torch.from_numpy and every index API take;
+/// the signed type of an unsigned one may alias it, so no copy is made.
+template <class T>
+using exposed_t = std::conditional_t<std::is_same_v<T, std::size_t>, std::int64_t, T>;
+
 /// A numpy array that owns `v` (moved onto the heap, freed with the array): no copy.
 template <class T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<std::size_t> shape) {
+nb::ndarray<nb::numpy, exposed_t<T>> to_numpy(std::vector<T>&& v,
+                                              std::initializer_list<std::size_t> shape) {
   auto* heap = new std::vector<T>(std::move(v));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner);
+  return nb::ndarray<nb::numpy, exposed_t<T>>(reinterpret_cast<exposed_t<T>*>(heap->data()), shape,
+                                              owner);
 }
 template <class T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v) {
+nb::ndarray<nb::numpy, exposed_t<T>> to_numpy(std::vector<T>&& v) {
   const std::size_t n = v.size();
   return to_numpy(std::move(v), {n});
 }
@@ -45,12 +53,14 @@ inline nb::ndarray<nb::numpy, bool> to_numpy_bool(std::vector<std::uint8_t>&& v)
 
 /// A read-only numpy view of memory that `owner` (a Python object) keeps alive.
 template <class T>
-nb::ndarray<nb::numpy, const T> view(const T* data, std::initializer_list<std::size_t> shape,
-                                     nb::handle owner) {
-  return nb::ndarray<nb::numpy, const T>(data, shape, owner);
+nb::ndarray<nb::numpy, const exposed_t<T>> view(const T* data,
+                                                std::initializer_list<std::size_t> shape,
+                                                nb::handle owner) {
+  return nb::ndarray<nb::numpy, const exposed_t<T>>(reinterpret_cast<const exposed_t<T>*>(data),
+                                                    shape, owner);
 }
 template <class T>
-nb::ndarray<nb::numpy, const T> view(const std::vector<T>& v, nb::handle owner) {
+nb::ndarray<nb::numpy, const exposed_t<T>> view(const std::vector<T>& v, nb::handle owner) {
   return view(v.data(), {v.size()}, owner);
 }
 

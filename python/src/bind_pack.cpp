@@ -6,6 +6,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -28,14 +29,26 @@ void read_prompt(nb::handle seq, std::size_t i, std::vector<std::int32_t>& out) 
     PyObject** items = PySequence_Fast_ITEMS(o);
     out.resize(static_cast<std::size_t>(n));
     for (Py_ssize_t k = 0; k < n; ++k) {
-      if (!PyLong_Check(items[k])) {
-        throw nb::type_error(("prompt " + std::to_string(i) + ": token " + std::to_string(k) +
-                              " = " + nb::cast<std::string>(nb::repr(items[k])) +
-                              " is not an integer")
-                                 .c_str());
+      // Python ints directly; integer scalars of numpy and torch (np.int64(5), tensor(5))
+      // through their __index__; bool, float and the rest refused.
+      nb::object index;
+      PyObject* item = items[k];
+      if (!PyLong_Check(item) || PyBool_Check(item)) {
+        if (!PyBool_Check(item) && !PyFloat_Check(item) && Py_TYPE(item)->tp_as_number != nullptr &&
+            Py_TYPE(item)->tp_as_number->nb_index) {
+          index = nb::steal(PyNumber_Index(item));
+        }
+        if (!index.is_valid()) {
+          PyErr_Clear();
+          throw nb::type_error(("prompt " + std::to_string(i) + ": token " + std::to_string(k) +
+                                " = " + nb::cast<std::string>(nb::repr(item)) +
+                                " is not an integer")
+                                   .c_str());
+        }
+        item = index.ptr();
       }
       int overflow = 0;
-      const long long v = PyLong_AsLongLongAndOverflow(items[k], &overflow);
+      const long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
       if (overflow != 0 || v < std::numeric_limits<std::int32_t>::min() ||
           v > std::numeric_limits<std::int32_t>::max()) {
         throw nb::value_error(("prompt " + std::to_string(i) + ": token " + std::to_string(k) +
@@ -366,7 +379,50 @@ void bind_pack(nb::module_& m) {
             return to_numpy(std::move(len));
           },
           nb::rv_policy::automatic, "[n_prompts] int64: each prompt's tokens.")
-      .def_prop_ro("total_tokens", &prompts::total);
+      .def_prop_ro("total_tokens", &prompts::total)
+      .def(
+          "flat",
+          [](const prompts& p) {
+            std::vector<std::int32_t> tokens;
+            tokens.reserve(p.total());
+            std::vector<std::int64_t> len;
+            len.reserve(p.tokens.size());
+            for (const auto& t : p.tokens) {
+              tokens.insert(tokens.end(), t.begin(), t.end());
+              len.push_back(static_cast<std::int64_t>(t.size()));
+            }
+            return nb::make_tuple(to_numpy(std::move(tokens)), to_numpy(std::move(len)));
+          },
+          "(tokens [total_tokens] int32, lengths [n_prompts] int64): every prompt's tokens "
+          "concatenated and the lengths, what from_flat takes back. O(tokens).")
+      .def(
+          "check_vocabulary",
+          [](const prompts& p, long long vocab_size) {
+            if (vocab_size <= 0) {
+              throw nb::value_error(
+                  ("vocab_size " + std::to_string(vocab_size) + " (at least 1)").c_str());
+            }
+            for (std::size_t i = 0; i < p.tokens.size(); ++i) {
+              const auto& t = p.tokens[i];
+              for (std::size_t k = 0; k < t.size(); ++k) {
+                if (t[k] < 0 || t[k] >= vocab_size) {
+                  throw nb::value_error(("prompt " + std::to_string(i) + ": token " +
+                                         std::to_string(t[k]) + " at position " +
+                                         std::to_string(k) + " is outside the vocabulary (" +
+                                         std::to_string(vocab_size) + ")")
+                                            .c_str());
+                }
+              }
+            }
+          },
+          "vocab_size"_a,
+          "Checks every token id against a vocabulary of vocab_size ids, 0 .. vocab_size - 1: "
+          "ValueError naming the first token outside it (\"prompt 3: token 51234 at position "
+          "17 is outside the vocabulary (32000)\"), or for vocab_size < 1. O(tokens).")
+      .def("__repr__", [](const prompts& p) {
+        return "Prompts(" + std::to_string(p.tokens.size()) + " prompts, " +
+               std::to_string(p.total()) + " tokens)";
+      });
 
   nb::class_<plan64>(m, "Plan",
                      "Where each prompt goes: a row and an offset in it (prepack::pack_plan). "
@@ -381,7 +437,7 @@ void bind_pack(nb::module_& m) {
           "[n_prompts] int64: tokens of prompt i.")
       .def_prop_ro(
           "row", [](nb::handle s) { return view(nb::cast<const plan64&>(s).row, s); },
-          "[n_prompts] uint64: the row holding prompt i.")
+          "[n_prompts] int64: the row holding prompt i.")
       .def_prop_ro(
           "offset", [](nb::handle s) { return view(nb::cast<const plan64&>(s).offset, s); },
           "[n_prompts] int64: prompt i's first slot in its row.")
@@ -390,11 +446,11 @@ void bind_pack(nb::module_& m) {
           "[n_rows] int64: tokens used in row r.")
       .def_prop_ro(
           "row_begin", [](nb::handle s) { return view(nb::cast<const plan64&>(s).row_begin, s); },
-          "[n_rows + 1] uint64: row r holds row_prompts[row_begin[r]:row_begin[r + 1]].")
+          "[n_rows + 1] int64: row r holds row_prompts[row_begin[r]:row_begin[r + 1]].")
       .def_prop_ro(
           "row_prompts",
           [](nb::handle s) { return view(nb::cast<const plan64&>(s).row_prompts, s); },
-          "[n_prompts] uint64: prompt ids row by row, in slot order.")
+          "[n_prompts] int64: prompt ids row by row, in slot order.")
       .def("__repr__", [](const plan64& p) {
         return "Plan(" + std::to_string(p.n_prompts()) + " prompts in " +
                std::to_string(p.n_rows()) + " rows of " + std::to_string(p.capacity) + ")";
@@ -512,7 +568,7 @@ void bind_pack(nb::module_& m) {
             const auto& l = nb::cast<const packed_batch&>(s).layout;
             return view(l.row_begin().data(), {l.n_rows() + 1}, s);
           },
-          "[n_rows + 1] uint64: row r holds row_prompts[row_begin[r]:row_begin[r + 1]].")
+          "[n_rows + 1] int64: row r holds row_prompts[row_begin[r]:row_begin[r + 1]].")
       .def(
           "row_cu_seqlens",
           [](nb::handle s, std::size_t r) {
@@ -591,6 +647,69 @@ void bind_pack(nb::module_& m) {
           "one new array per prompt, in the same framework (torch tensors for a tensor), its "
           "slot axis as long as the prompt: (length,), (length, features), (length, heads, "
           "dim) or (heads, length, dim). O(tokens x features).")
+      .def(
+          "left_padded_slots",
+          [](const packed_batch& b, std::optional<std::int64_t> columns) {
+            const auto& l = b.layout;
+            std::int64_t longest = 0;
+            for (std::int64_t len : l.prompt_length()) longest = std::max(longest, len);
+            const std::int64_t c = columns.value_or(longest);
+            if (c < 0) {
+              throw nb::value_error(("columns " + std::to_string(c) + " (at least 0)").c_str());
+            }
+            return to_numpy(prepack::left_padded_slots(l, static_cast<std::size_t>(c)),
+                            {l.n_prompts(), static_cast<std::size_t>(c)});
+          },
+          "columns"_a = nb::none(),
+          "[n_prompts, columns] int64: where each column of a left-padded decode batch comes "
+          "from, as a flat slot (row * width + offset + t) of the packed rows: prompt i's token "
+          "t at column columns - length_i + t, -1 on the pad columns before it (columns: default "
+          "the longest prompt). With the rows' K of one layer viewed as [n_rows * width, ...], "
+          "one index_select on the model's device builds the batch's cache of that layer. "
+          "ValueError for a prompt longer than columns. O(n_prompts * columns).")
+      .def(
+          "prompt_slots",
+          [](const packed_batch& b, std::optional<std::int64_t> last) {
+            if (last && *last < 0) {
+              throw nb::value_error(("last " + std::to_string(*last) + " (at least 0)").c_str());
+            }
+            return to_numpy(last ? prepack::prompt_slots(b.layout, static_cast<std::size_t>(*last))
+                                 : prepack::prompt_slots(b.layout));
+          },
+          "last"_a = nb::none(),
+          "[sum_i min(length_i, last)] int64: the flat slots of every prompt's last `last` "
+          "tokens (default: all), prompt after prompt, each in token order: the gather index of "
+          "per-prompt caches (a sliding-window layer keeps last = window - 1). O(tokens).")
+      .def(
+          "block_mask",
+          [](const packed_batch& b, std::int64_t block_size, std::int64_t window) {
+            if (block_size < 1) {
+              throw nb::value_error(
+                  ("block_size " + std::to_string(block_size) + " (at least 1)").c_str());
+            }
+            if (window < 0) {
+              throw nb::value_error(
+                  ("window " + std::to_string(window) + " (0 for none, or at least 1)").c_str());
+            }
+            auto bm = prepack::make_block_sparse_mask(
+                b.layout, static_cast<std::size_t>(block_size), static_cast<std::size_t>(window));
+            const std::size_t r = bm.n_rows, n = bm.n_blocks;
+            nb::dict d;
+            d["block_size"] = bm.block_size;
+            d["kv_num_blocks"] = to_numpy(std::move(bm.kv_num_blocks), {r, n});
+            d["kv_indices"] = to_numpy(std::move(bm.kv_indices), {r, n, n});
+            d["full_kv_num_blocks"] = to_numpy(std::move(bm.full_kv_num_blocks), {r, n});
+            d["full_kv_indices"] = to_numpy(std::move(bm.full_kv_indices), {r, n, n});
+            return d;
+          },
+          "block_size"_a = 128, "window"_a = 0,
+          "The block-diagonal causal mask in FlexAttention's block-sparse form, the arrays "
+          "torch's BlockMask.from_kv_blocks takes (add the head axis): per row and query block "
+          "of block_size slots, the key blocks the mask opens in part (kv_num_blocks [n_rows, "
+          "n_blocks] int32, kv_indices [n_rows, n_blocks, n_blocks] int32) and in full "
+          "(full_kv_num_blocks, full_kv_indices), n_blocks = ceil(width / block_size). window > "
+          "0: a query attends keys less than window slots back (a sliding-window layer). Pad "
+          "queries attend their own slot. O(n_rows * n_blocks^2): never width^2.")
       .def("__repr__", [](const packed_batch& b) {
         return "PackedBatch(" + std::to_string(b.layout.n_prompts()) + " prompts in " +
                std::to_string(b.layout.n_rows()) + " rows of " + std::to_string(b.layout.width()) +

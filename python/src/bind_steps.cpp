@@ -149,13 +149,13 @@ void bind_steps(nb::module_& m) {
           [](nb::handle s) {
             return view(nb::cast<const prepack::step_schedule&>(s).finish_step, s);
           },
-          "[n_items] uint64: the step of each item's last chunk.")
+          "[n_items] int64: the step of each item's last chunk.")
       .def_prop_ro(
           "step_begin",
           [](nb::handle s) {
             return view(nb::cast<const prepack::step_schedule&>(s).step_begin, s);
           },
-          "[n_steps + 1] uint64: step s holds chunks[step_begin[s]:step_begin[s + 1]].")
+          "[n_steps + 1] int64: step s holds chunks[step_begin[s]:step_begin[s + 1]].")
       .def(
           "step_tokens",
           [](const prepack::step_schedule& s, std::size_t st) {
@@ -273,7 +273,7 @@ void bind_steps(nb::module_& m) {
       .def_prop_ro(
           "prompt_last_item",
           [](nb::handle s) { return view(nb::cast<const prefix_plan&>(s).prompt_last_item, s); },
-          "[n_prompts] uint64: the item whose last token ends prompt i (its logits row).")
+          "[n_prompts] int64: the item whose last token ends prompt i (its logits row).")
       .def(
           "schedule",
           [](const prefix_plan& p, std::size_t budget, const std::string& policy,
@@ -411,7 +411,7 @@ void bind_steps(nb::module_& m) {
       .def_prop_ro("block_size", [](const step_inputs_box& b) { return b.in.tables.block_size; })
       .def_prop_ro("max_seqlen_q", [](const step_inputs_box& b) { return b.in.max_seqlen_q; })
       .def_prop_ro("max_seqlen_k", [](const step_inputs_box& b) { return b.in.max_seqlen_k; })
-      .PP_STEP_ARRAY(seq_item, "[n_seqs] uint64: the schedule item of each sequence.")
+      .PP_STEP_ARRAY(seq_item, "[n_seqs] int64: the schedule item of each sequence.")
       .PP_STEP_ARRAY(seq_id, "[n_seqs] int64: the caller's id of each sequence.")
       .PP_STEP_ARRAY(context_lens, "[n_seqs] int32: tokens already cached.")
       .PP_STEP_ARRAY(query_lens, "[n_seqs] int32: tokens computed in this step.")

@@ -1,108 +1,400 @@
-"""prepack.hf on transformers' own models: every prompt's last-token logits and cache from one
-prepacked forward pass equal running the prompt alone, under eager and sdpa attention, and
-greedy continuations from those caches equal generating alone."""
+"""prepack.hf on transformers' own models, checked against transformers itself: every prompt's
+last-token logits and cache from one prepacked forward pass equal running the prompt alone, and
+the batch cache holds what transformers' own cache holds after a padded prefill, for every decoder
+family (full attention, sliding windows shorter than the prompts, local and global layers) under
+eager, sdpa and flex attention; generate equals model.generate on each prompt alone, with
+generate's own arguments; inputs in every form users have them; what cannot be packed is refused
+by name."""
+import numpy as np
 import pytest
 
 from conftest import need, report
 
 torch = need("torch", whole_file=True)
 transformers = need("transformers", whole_file=True)
+import prepack  # noqa: E402
 import prepack.hf as hf  # noqa: E402
 
 VOCAB = 512
+WINDOW = 8  # shorter than most prompts below
+SHAPE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
 
 
-def tiny_llama(impl, dtype=torch.float32, seed=0):
+def family(name, seed=0):
+    """A small random model of the family (fp32, eval), with sliding-window layers where the
+    family has them: a window of WINDOW slots, shorter than the prompts."""
     torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=160,
-                                   num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=1024, rms_norm_eps=1e-5)
-    cfg._attn_implementation = impl
-    return transformers.LlamaForCausalLM(cfg).to(dtype).eval()
+    t = transformers
+    mixed = ["full_attention", "sliding_attention", "sliding_attention"]
+    if name == "llama":
+        m = t.LlamaForCausalLM(t.LlamaConfig(**SHAPE))
+    elif name == "qwen2":
+        m = t.Qwen2ForCausalLM(t.Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=WINDOW,
+                                             max_window_layers=1, layer_types=mixed))
+    elif name == "qwen3":
+        m = t.Qwen3ForCausalLM(t.Qwen3Config(**SHAPE, head_dim=16, use_sliding_window=True,
+                                             sliding_window=WINDOW, max_window_layers=1))
+    elif name == "mistral":
+        m = t.MistralForCausalLM(t.MistralConfig(**SHAPE, sliding_window=WINDOW))
+    elif name == "gemma2":
+        m = t.Gemma2ForCausalLM(t.Gemma2Config(**SHAPE, head_dim=16, sliding_window=WINDOW,
+                                               layer_types=mixed[::-1]))
+    elif name == "gemma3":
+        m = t.Gemma3ForCausalLM(t.Gemma3TextConfig(**SHAPE, head_dim=16, sliding_window=WINDOW,
+                                                   layer_types=mixed))
+    elif name == "phi3":
+        m = t.Phi3ForCausalLM(t.Phi3Config(**SHAPE, pad_token_id=0, sliding_window=WINDOW))
+    elif name == "gpt_oss":  # attention sinks, sliding and full layers, experts
+        m = t.GptOssForCausalLM(t.GptOssConfig(**dict(SHAPE, intermediate_size=64), head_dim=16,
+                                               num_local_experts=4, num_experts_per_tok=2,
+                                               sliding_window=WINDOW, layer_types=mixed[::-1],
+                                               rope_parameters={"rope_type": "default",
+                                                                "rope_theta": 150000.0}))
+    elif name == "gpt2":
+        m = t.GPT2LMHeadModel(t.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=3, n_head=4,
+                                           n_positions=512))
+    else:
+        raise ValueError(name)
+    return m.eval()
 
 
-def heavy_prompts(n=24, seed=1, top=160):
-    g = torch.Generator().manual_seed(seed)
-    lengths = (torch.distributions.LogNormal(3.3, 0.9).sample((n,)).long().clamp(1, top)).tolist()
-    return [torch.randint(0, VOCAB, (L,), generator=g).tolist() for L in lengths]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3", "gpt2", "gpt_oss"]
+_FLAGS = {"sdpa": "_supports_sdpa", "flex_attention": "_supports_flex_attn"}
 
 
-def alone(model, prompt):
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([prompt]), use_cache=True)
-    return out.logits[0, -1], hf._layers(out.past_key_values)
+def supported(m, impl):
+    """Skips where transformers itself does not run the model under impl here."""
+    if not getattr(type(m), _FLAGS.get(impl, ""), True):
+        pytest.skip(f"transformers' {type(m).__name__} does not support {impl}")
+    if impl == "flex_attention" and getattr(m.config, "model_type", "") == "gpt_oss":
+        pytest.skip("transformers runs attention sinks under flex_attention on CUDA only")
+_MODELS = {}
 
 
-def worst_against_alone(model, prompts, result):
-    """max |difference| / max |value| over every prompt, for the logits and for the KV."""
-    dl = dk = sl = sk = 0.0
+def model(name, impl, dtype=torch.float32):
+    key = (name, dtype)
+    if key not in _MODELS:
+        _MODELS[key] = family(name).to(dtype)
+    m = _MODELS[key]
+    m.config._attn_implementation = impl
+    return m
+
+
+def heavy_prompts(n=10, seed=1, top=48):
+    """Heavy-tailed lengths (most short, a few long), some of one token."""
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(rng.lognormal(2.4, 0.9, n).astype(int), 1, top).tolist()
+    lengths[0], lengths[1] = top, 1
+    return [rng.integers(0, VOCAB, L).tolist() for L in lengths]
+
+
+def alone(m, prompt):
+    """The prompt run alone, eager attention: (last logits, transformers' own cache)."""
+    impl = m.config._attn_implementation
+    m.config._attn_implementation = "eager"
+    try:
+        with torch.no_grad():
+            out = m(input_ids=torch.tensor([prompt]), use_cache=True)
+    finally:
+        m.config._attn_implementation = impl
+    return out.logits[0, -1], out.past_key_values
+
+
+def scale_of(x):
+    return x.float().abs().max().item()
+
+
+def compare_prefill(m, prompts):
+    """max |difference| / max |value|: (logits, batch cache, per-prompt caches) against each
+    prompt alone; the batch cache's layers also against transformers' own after padded prefill
+    (class, shape, positions seen, values on real columns)."""
+    batch = hf.prefill(m, prompts)
+    each = hf.prefill(m, prompts, cache="prompts")
+    padded = hf.padded_prefill(m, prompts)
+    longest = max(map(len, prompts))
+    dl = db = dp = sl = sk = 0.0
     for i, p in enumerate(prompts):
-        logits, layers = alone(model, p)
-        dl = max(dl, (result.logits[i].float() - logits.float()).abs().max().item())
-        sl = max(sl, logits.float().abs().max().item())
-        mine = hf._layers(result.caches[i])
-        assert len(mine) == len(layers)
-        for (k1, v1), (k2, v2) in zip(mine, layers):
-            assert k1.shape == k2.shape == (1, 2, len(p), 16)
-            dk = max(dk, (k1.float() - k2.float()).abs().max().item(), (v1.float() - v2.float()).abs().max().item())
-            sk = max(sk, k2.float().abs().max().item(), v2.float().abs().max().item())
-    return dl / sl, dk / sk
+        logits, own = alone(m, p)
+        sl = max(sl, scale_of(logits))
+        dl = max(dl, scale_of(batch.logits[i] - logits), scale_of(each.logits[i] - logits))
+        for li, (mine_b, mine_p, ref) in enumerate(zip(batch.cache.layers, each.caches[i].layers,
+                                                       own.layers)):
+            kept = ref.keys.shape[2]  # a sliding layer keeps window - 1 positions
+            assert type(mine_p) is type(ref) and mine_p.keys.shape == ref.keys.shape, (li, i)
+            assert mine_p.get_seq_length() == ref.get_seq_length() == len(p)
+            for a, b in ((mine_p.keys, ref.keys), (mine_p.values, ref.values)):
+                dp = max(dp, scale_of(a - b))
+            for a, b in ((mine_b.keys, ref.keys), (mine_b.values, ref.values)):
+                db = max(db, scale_of(a[i:i + 1, :, a.shape[2] - kept:] - b))
+            sk = max(sk, scale_of(ref.keys), scale_of(ref.values))
+    real = padded.attention_mask.bool()
+    assert torch.equal(batch.attention_mask, padded.attention_mask)
+    assert torch.equal(batch.input_ids, padded.input_ids)
+    for mine, ref in zip(batch.cache.layers, padded.cache.layers):
+        assert type(mine) is type(ref) and mine.keys.shape == ref.keys.shape
+        assert mine.get_seq_length() == ref.get_seq_length() == longest
+        assert mine.get_mask_sizes(1) == ref.get_mask_sizes(1)
+        cols = real[:, real.shape[1] - ref.keys.shape[2]:]  # the columns a layer keeps
+        for a, b in ((mine.keys, ref.keys), (mine.values, ref.values)):
+            d = (a - b).abs().amax(dim=(1, 3))[cols]
+            db = max(db, d.max().item() if d.numel() else 0.0)
+    return dl / sl, db / sk, dp / sk, batch
 
 
-@pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_prepacked_prefill_equals_each_prompt_alone(impl):
-    model = tiny_llama(impl)
+@pytest.mark.parametrize("impl", ["eager", "sdpa", "flex_attention"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_prefill_equals_each_prompt_alone(name, impl):
+    m = model(name, impl)
+    supported(m, impl)
     prompts = heavy_prompts()
-    result = hf.prefill(model, prompts)
-    assert result.batch.n_rows < len(prompts)  # prompts really share rows
-    assert result.logits.shape == (len(prompts), VOCAB)
-    assert torch.isfinite(result.logits).all()
-    logits, kv = worst_against_alone(model, prompts, result)
-    report(f"{impl}: logits {logits:.2e}, KV {kv:.2e} of their scale")
-    assert logits < 1e-4 and kv < 1e-4
-    # Rows wider than the longest prompt, best-fit, and the slicing path for non-CPU caches.
-    for kw in ({"capacity": 200}, {"method": "bfd"}):
-        r = hf.prefill(model, prompts, **kw)
-        assert (r.logits - result.logits).abs().max().item() < 1e-4
-    sliced = hf.unpack_caches(model, result.batch,
-                               model(**hf.pack_inputs(model, prompts)[1], use_cache=True).past_key_values,
-                               torch_slicing=True)
-    for a, b in zip(sliced, result.caches):
-        for (k1, v1), (k2, v2) in zip(hf._layers(a), hf._layers(b)):
-            assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    logits, batch_kv, prompt_kv, r = compare_prefill(m, prompts)
+    report(f"{name} {impl}: logits {logits:.1e}, batch cache {batch_kv:.1e}, prompt caches "
+           f"{prompt_kv:.1e} of their scale ({r.batch.n_rows} rows of {r.batch.width})")
+    assert r.batch.n_rows < len(prompts)  # prompts really share rows
+    assert logits < 1e-4 and batch_kv < 1e-4 and prompt_kv < 1e-4
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "mistral"])
+def test_bf16_within_padded_error(name):
+    """bf16: prepacked rows are no further from each prompt alone than the padded batch is."""
+    m = model(name, "sdpa", torch.bfloat16)
+    prompts = heavy_prompts(seed=2)
+    ours = hf.prefill(m, prompts)
+    padded = hf.padded_prefill(m, prompts)
+    worst_ours = worst_padded = 0.0
+    for i, p in enumerate(prompts):
+        logits, _ = alone(m, p)
+        s = scale_of(logits)
+        worst_ours = max(worst_ours, scale_of(ours.logits[i] - logits) / s)
+        worst_padded = max(worst_padded, scale_of(padded.logits[i] - logits) / s)
+    report(f"{name} bf16: prepacked {worst_ours:.1e}, padded {worst_padded:.1e} of the scale")
+    assert ours.logits.dtype == torch.bfloat16 and torch.isfinite(ours.logits).all()
+    assert worst_ours <= max(2 * worst_padded, 2 ** -7)
+
+
+def generate_alone(m, prompt, **kw):
+    ids = torch.tensor([prompt])
+    out = m.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, **kw)
+    return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
-def test_greedy_continuations_equal_generating_alone(impl):
-    model = tiny_llama(impl, seed=3)
-    prompts = heavy_prompts(10, seed=4)
-    got = hf.generate(model, prompts, 8)
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_generation_equals_generating_alone(name, impl):
+    m = model(name, impl)
+    supported(m, impl)
+    m.generation_config.pad_token_id = 0
+    prompts = heavy_prompts(8, seed=3)
+    got = hf.generate(m, prompts, 6, do_sample=False)
     for p, g in zip(prompts, got):
-        ids = torch.tensor([p])
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
-                              do_sample=False, pad_token_id=0)[0, len(p):].tolist()
-        assert g == want
+        assert g == generate_alone(m, p, max_new_tokens=6, do_sample=False), len(p)
 
 
-def test_padded_baseline_and_bf16():
-    model = tiny_llama("sdpa")
-    prompts = heavy_prompts(12, seed=5)
-    padded = hf.padded_prefill(model, prompts)
-    logits, kv = worst_against_alone(model, prompts, padded)
-    assert logits < 1e-4 and kv < 1e-4
-    # bf16: the mask in the model's dtype with bf16's own finite minimum; no NaN, and the
-    # prepacked logits within bf16's rounding of running alone.
-    m16 = tiny_llama("eager", dtype=torch.bfloat16)
-    r = hf.prefill(m16, prompts)
-    assert r.logits.dtype == torch.bfloat16 and torch.isfinite(r.logits).all()
-    logits, kv = worst_against_alone(m16, prompts, r)
-    assert logits < 0.05 and kv < 0.05
+def test_generate_arguments_as_model_generate_takes_them():
+    m = model("gemma2", "sdpa")
+    m.generation_config.pad_token_id = 0
+    prompts = heavy_prompts(6, seed=4)
+    greedy = hf.generate(m, prompts, 5, do_sample=False)
+
+    # EOS: a prompt whose first token is EOS stops there; the others at their own EOS.
+    eos = greedy[2][0]
+    got = hf.generate(m, prompts, 5, do_sample=False, eos_token_id=eos)
+    assert got[2] == [eos]
+    for p, g in zip(prompts, got):
+        assert g == generate_alone(m, p, max_new_tokens=5, do_sample=False, eos_token_id=eos)
+
+    # A stopping criterion: stops each sequence where it stops alone.
+    class AfterToken(transformers.StoppingCriteria):
+        def __init__(self, token):
+            self.token = token
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == self.token
+
+    stop = AfterToken(greedy[0][1])
+    crit = transformers.StoppingCriteriaList([stop])
+    got = hf.generate(m, prompts, 5, do_sample=False, stopping_criteria=crit)
+    for p, g in zip(prompts, got):
+        assert g == generate_alone(m, p, max_new_tokens=5, do_sample=False,
+                                   stopping_criteria=transformers.StoppingCriteriaList([stop]))
+    assert len(got[0]) == 2
+
+    # Beam search (the cache expanded per beam), each prompt as alone.
+    got = hf.generate(m, prompts, 4, num_beams=3, do_sample=False)
+    for p, g in zip(prompts, got):
+        assert g == generate_alone(m, p, max_new_tokens=4, num_beams=3, do_sample=False)
+
+    # Sampling, its first token too: the same draws as model.generate on the padded batch.
+    padded = hf.padded_prefill(m, prompts)
+    for n_seq in (1, 3):
+        torch.manual_seed(7)
+        got = hf.generate(m, prompts, 5, do_sample=True, temperature=1.5,
+                          num_return_sequences=n_seq)
+        torch.manual_seed(7)
+        want = m.generate(padded.input_ids, attention_mask=padded.attention_mask,
+                          max_new_tokens=5, do_sample=True, temperature=1.5,
+                          num_return_sequences=n_seq)
+        assert got == want[:, padded.input_ids.shape[1]:].tolist()
+        assert len(got) == len(prompts) * n_seq
+    assert any(g[0] != w[0] for g, w in zip(got[::3], greedy))  # the first token was sampled
+
+    # return_dict_in_generate and scores; a streamer sees the batch, then every new token.
+    class Collect(transformers.generation.streamers.BaseStreamer):
+        def __init__(self):
+            self.seen = []
+
+        def put(self, value):
+            self.seen.append(value.clone())
+
+        def end(self):
+            self.seen.append(None)
+
+    streamer = Collect()
+    out = hf.generate(m, prompts, 4, do_sample=False, return_dict_in_generate=True,
+                      output_scores=True, streamer=streamer)
+    assert out.sequences.shape == (len(prompts), padded.input_ids.shape[1] + 4)
+    assert torch.equal(out.sequences[:, :padded.input_ids.shape[1]], padded.input_ids)
+    assert out.sequences[:, -4:].tolist() == [g[:4] for g in greedy]
+    assert len(out.scores) == 4 and out.scores[0].shape == (len(prompts), VOCAB)
+    assert streamer.seen[-1] is None and len(streamer.seen) == 1 + 4 + 1
+    assert torch.equal(streamer.seen[0], padded.input_ids)
 
 
-def test_kernels_that_ignore_4d_masks_are_refused():
-    model = tiny_llama("eager")
-    model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match="does not take a 4D attention mask"):
-        hf.prefill(model, [[1, 2, 3]])
+def test_prepacked_cache_continues_with_model_generate():
+    """prefill's batch cache is the form model.generate continues: append the next token."""
+    m = model("qwen2", "sdpa")
+    prompts = heavy_prompts(6, seed=5)
+    r = hf.prefill(m, prompts)
+    first = r.next_tokens()[:, None]
+    ids = torch.cat([r.input_ids, first], 1)
+    mask = torch.cat([r.attention_mask, torch.ones_like(first)], 1)
+    out = m.generate(ids, attention_mask=mask, past_key_values=r.cache, max_new_tokens=4,
+                     do_sample=False, pad_token_id=0)
+    for i, p in enumerate(prompts):
+        assert [first[i, 0].item()] + out[i, ids.shape[1]:].tolist() == \
+            generate_alone(m, p, max_new_tokens=5, do_sample=False)
+
+
+def tiny_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(100)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>",
+                                                bos_token="<s>", eos_token="</s>",
+                                                unk_token="<unk>")
+
+
+def test_inputs_as_users_have_them():
+    m = model("llama", "sdpa")
+    tok = tiny_tokenizer()
+    texts = ["w1 w2 w3 w4 w5", "w6", "w7 w8 w9"]
+    want = hf.prefill(m, [tok(t)["input_ids"] for t in texts], cache=None).logits
+    lists = [tok(t)["input_ids"] for t in texts]
+    forms = {
+        "texts with tokenizer=": dict(prompts=texts, tokenizer=tok),
+        "BatchEncoding, unpadded": dict(prompts=tok(texts)),
+        "numpy and torch scalars": dict(prompts=[[np.int64(x) for x in lists[0]],
+                                                 [torch.tensor(x) for x in lists[1]], lists[2]]),
+        "tuples and arrays": dict(prompts=(tuple(lists[0]), np.array(lists[1], np.int32),
+                                           torch.tensor(lists[2]))),
+    }
+    for side in ("left", "right"):
+        tok.padding_side = side
+        enc = tok(texts, padding=True, return_tensors="pt")
+        forms[f"BatchEncoding, {side} padded"] = dict(prompts=enc)
+        forms[f"input_ids with attention_mask, {side}"] = dict(prompts=enc["input_ids"],
+                                                              attention_mask=enc["attention_mask"])
+        forms[f"padded lists, {side}"] = dict(prompts=tok(texts, padding=True))
+    for what, kw in forms.items():
+        got = hf.prefill(m, cache=None, **kw).logits
+        assert torch.equal(got, want), what
+
+    # Refused before anything runs, naming what is wrong.
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with pytest.raises(ValueError, match="2-D input_ids without attention_mask"):
+        hf.prefill(m, enc["input_ids"])
+    with pytest.raises(ValueError, match=r"prompt 1: token 600 at position 2 is outside the "
+                                         r"vocabulary \(512\)"):
+        hf.prefill(m, [[1, 2], [3, 4, 600]])
+    with pytest.raises(ValueError, match="prompt 0: token -1 at position 0"):
+        hf.generate(m, [[-1, 2]], 2)
     with pytest.raises(ValueError, match="prompt 1: length 0"):
-        hf.prefill(tiny_llama("eager"), [[1, 2], []])
+        hf.prefill(m, [[1, 2], []])
+    with pytest.raises(ValueError, match="prompt 1: attention_mask has no real token"):
+        hf.prefill(m, torch.ones(2, 3, dtype=torch.long), attention_mask=torch.tensor(
+            [[1, 1, 1], [0, 0, 0]]))
+    with pytest.raises(ValueError, match="prompt 0: attention_mask is not one run"):
+        hf.prefill(m, torch.ones(1, 3, dtype=torch.long), attention_mask=torch.tensor([[1, 0, 1]]))
+    with pytest.raises(TypeError, match="texts need tokenizer="):
+        hf.prefill(m, ["w1 w2"])
+    with pytest.raises(TypeError, match="prompt 0: token 1 = 2.5 is not an integer"):
+        hf.prefill(m, [[1, 2.5]])
+    with pytest.raises(ValueError, match="cache: 'all'"):
+        hf.prefill(m, [[1]], cache="all")
+    with pytest.raises(ValueError, match="max_new_tokens 0"):
+        hf.generate(m, [[1]], 0)
+
+
+def test_models_that_cannot_be_packed_are_refused_by_name():
+    m = model("llama", "sdpa")
+    m.config._attn_implementation = "paged|sdpa"
+    try:
+        with pytest.raises(ValueError, match="attn_implementation 'paged|sdpa' has no packed form"):
+            hf.prefill(m, [[1, 2, 3]])
+    finally:
+        m.config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    bloom = transformers.BloomForCausalLM(transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)).eval()
+    with pytest.raises(ValueError, match=r"BloomForCausalLM \(bloom\): ALiBi derives positions"):
+        hf.prefill(bloom, [[1, 2, 3]])
+
+
+def test_block_mask_equals_torch_create_block_mask():
+    """prepack's BlockMask tables against torch's own create_block_mask over the same
+    mask_mod: the same dense mask, the same full and partial blocks."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    for seed, capacity, window in ((1, None, None), (2, 300, None), (3, None, 40), (4, 700, 130)):
+        prompts = heavy_prompts(40, seed=seed, top=260)
+        m = model("mistral", "flex_attention")
+        t = hf._target(m)
+        batch = hf._pack(t, prepack.Prompts(prompts), capacity, "ffd")
+        seg = torch.tensor(batch.segment_ids)
+        ours = hf._block_mask(t, batch, seg, window)
+        theirs = create_block_mask(ours.mask_mod, batch.n_rows, None, batch.width, batch.width,
+                                   device="cpu", _compile=False)
+        assert torch.equal(ours.to_dense(), theirs.to_dense()), (seed, window)
+        for a, b in ((ours.full_kv_num_blocks, theirs.full_kv_num_blocks),
+                     (ours.kv_num_blocks, theirs.kv_num_blocks)):
+            assert torch.equal(a, b)
+        w = batch.width
+        slot = torch.arange(w)
+        back = slot[:, None] - slot[None, :]
+        want = (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] >= 0) & (back >= 0)
+        if window is not None:
+            want &= back < window
+        want |= torch.eye(w, dtype=torch.bool)
+        dense = theirs.to_dense()  # block level: every open element lies in a listed block
+        assert dense.shape[-1] * 128 >= w
+        got = torch.stack([ours.mask_mod(torch.tensor(r), 0, slot[:, None], slot[None, :])
+                           for r in range(batch.n_rows)])
+        assert torch.equal(got, want)
+
+
+def test_flash_varlen_equals_alone():
+    if not torch.cuda.is_available():
+        pytest.skip("flash attention runs on CUDA only")
+    pytest.importorskip("flash_attn")
+    m = family("qwen2").to("cuda", torch.bfloat16)
+    m.config._attn_implementation = "flash_attention_2"
+    prompts = heavy_prompts()
+    r = hf.prefill(m, prompts)
+    assert r.batch.n_rows == 1
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            want = m(input_ids=torch.tensor([p], device="cuda")).logits[0, -1]
+        assert scale_of(r.logits[i] - want) / scale_of(want) < 2e-2

@@ -43,7 +43,7 @@ def test_real_model_prepacked_equals_alone(model_and_tokenizer, impl):
     model, tok = model_and_tokenizer
     model.config._attn_implementation = impl
     prompts = [tok(t)["input_ids"] for t in TEXTS]
-    result = hf.prefill(model, prompts)
+    result = hf.prefill(model, prompts, cache="prompts")
     assert result.batch.n_rows < len(prompts)
     dl = sl = dk = sk = 0.0
     for i, p in enumerate(prompts):
@@ -51,12 +51,13 @@ def test_real_model_prepacked_equals_alone(model_and_tokenizer, impl):
             out = model(input_ids=torch.tensor([p]), use_cache=True)
         dl = max(dl, (result.logits[i] - out.logits[0, -1]).abs().max().item())
         sl = max(sl, out.logits[0, -1].abs().max().item())
-        for (k1, v1), (k2, v2) in zip(hf._layers(result.caches[i]), hf._layers(out.past_key_values)):
+        for (k1, v1), (k2, v2) in zip(hf._layer_kv(result.caches[i]),
+                                      hf._layer_kv(out.past_key_values)):
             dk = max(dk, (k1 - k2).abs().max().item(), (v1 - v2).abs().max().item())
             sk = max(sk, k2.abs().max().item(), v2.abs().max().item())
     report(f"{impl}: logits {dl / sl:.2e}, KV {dk / sk:.2e} of their scale")
     assert dl / sl < 1e-4 and dk / sk < 1e-4
-    got = hf.generate(model, prompts[:6], 8)
+    got = hf.generate(model, TEXTS[:6], 8, tokenizer=tok)  # texts, tokenized as above
     for p, g in zip(prompts[:6], got):
         ids = torch.tensor([p])
         want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
