@@ -8,14 +8,23 @@ pool in each engine's own form, and a serving scheduler. Everything here is prep
 
     >>> import prepack
     >>> batch = prepack.pack([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]])
-    >>> batch.input_ids            # [n_rows, width] int64: [[1 2 3 4 5], [8 9 10 6 7]]
-    >>> batch.mask().shape         # (2, 1, 5, 5): transformers' 4D attention_mask
+    >>> batch
+    PackedBatch(3 prompts in 2 rows of 5, 10 tokens)
+    >>> batch.input_ids.tolist()             # [n_rows, width] int64
+    [[1, 2, 3, 4, 5], [8, 9, 10, 6, 7]]
+    >>> batch.position_ids.tolist()          # restarting at 0 for every prompt
+    [[0, 1, 2, 3, 4], [0, 1, 2, 0, 1]]
+    >>> batch.mask().shape                   # transformers' 4D attention_mask
+    (2, 1, 5, 5)
+    >>> batch.varlen()["cu_seqlens"].tolist()  # FlashAttention's varlen form (int32)
+    [0, 5, 8, 10]
 
-``prepack.hf`` prefills a list of prompts on a Hugging Face transformers model with packed rows
-and returns each prompt's last-token logits and its own cache (it imports torch and transformers
-when imported itself).
+``prepack.hf`` prefills prompts on a Hugging Face transformers model with packed rows and returns
+each prompt's last-token logits and caches in the form decoding needs, and generates from them in
+one batch (it imports torch and transformers when imported itself).
 """
 
+from . import _prepack
 from ._prepack import (
     BlockAllocator,
     BlockPool,
@@ -29,7 +38,6 @@ from ._prepack import (
     Schedule,
     Scheduler,
     StepInputs,
-    __version__,
     budgeted_schedule,
     decode_inputs,
     fitted_plan,
@@ -45,6 +53,10 @@ from ._prepack import (
     trtllm,
     vllm,
 )
+
+
+# The module sets it at import (nanobind's stub generator leaves plain attributes out).
+__version__: str = getattr(_prepack, "__version__")
 
 __all__ = [
     "BlockAllocator",

@@ -206,11 +206,11 @@ def _as_prompts(prompts, attention_mask, tokenizer) -> _prepack.Prompts:
     if attention_mask is not None:
         # A tokenizer's lists: padded to one length (a 2-D array), or unpadded with all-ones masks.
         try:
-            a = np.asarray(prompts)
+            padded = np.asarray(prompts)
         except ValueError:  # ragged
-            a = None
-        if a is not None and a.ndim == 2:
-            return _strip_pads(a, attention_mask)
+            padded = np.zeros(0)
+        if padded.ndim == 2:
+            return _strip_pads(padded, attention_mask)
         ps = _prepack.Prompts(prompts)
         masks = list(attention_mask)
         if len(masks) != len(ps):

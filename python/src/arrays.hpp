@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -151,6 +152,21 @@ class int_array {
   nb::object keep_;
 };
 
+/// A count or size argument: any Python integer (int, or a numpy or torch integer), checked
+/// where the binding names it: count("budget") is its value, or ValueError "budget -1 (a
+/// count, at least 0)" for a negative one, where nanobind's own size_t argument would give a
+/// TypeError that names neither.
+struct count {
+  long long v = 0;
+  std::size_t operator()(const char* name) const {
+    if (v < 0) {
+      throw nb::value_error(
+          (std::string(name) + " " + std::to_string(v) + " (a count, at least 0)").c_str());
+    }
+    return static_cast<std::size_t>(v);
+  }
+};
+
 /// An optional integer array argument: empty when None.
 template <class T>
 std::vector<T> optional_ints(nb::handle obj, const char* what) {
@@ -184,9 +200,30 @@ struct type_caster<pp::optional_array_like> {
   }
 };
 template <>
+struct type_caster<pp::count> {
+  NB_TYPE_CASTER(pp::count, const_name("int"))
+  bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
+    if (PyBool_Check(src.ptr()) || PyFloat_Check(src.ptr())) return false;
+    PyObject* i = PyNumber_Index(src.ptr());
+    if (i == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    int overflow = 0;
+    value.v = PyLong_AsLongLongAndOverflow(i, &overflow);
+    Py_DECREF(i);
+    if (overflow < 0) value.v = std::numeric_limits<long long>::min();
+    return overflow <= 0;
+  }
+  static handle from_cpp(const pp::count& c, rv_policy, cleanup_list*) noexcept {
+    return PyLong_FromLongLong(c.v);
+  }
+};
+template <>
 struct type_caster<pp::prompts_like> {
-  NB_TYPE_CASTER(pp::prompts_like,
-                 const_name("Prompts | collections.abc.Sequence[numpy.typing.ArrayLike]"))
+  NB_TYPE_CASTER(
+      pp::prompts_like,
+      const_name("prepack._prepack.Prompts | collections.abc.Sequence[numpy.typing.ArrayLike]"))
   bool from_python(handle src, uint8_t, cleanup_list*) noexcept {
     value.obj = borrow(src);
     return true;

@@ -50,10 +50,16 @@ void bind_engines(nb::module_& m) {
       m.def_submodule("vllm", "vLLM v1's form of a step (prepack/engines/vllm.hpp).");
   vllm.def(
       "make_step",
-      [](const step_inputs_box& b, std::size_t max_num_blocks_per_req,
-         std::size_t num_tokens_padded, std::size_t num_reqs_padded,
-         std::size_t block_size_multiple, const std::string& runner,
-         std::size_t reorder_batch_threshold) {
+      [](const step_inputs_box& b, count max_num_blocks_per_req_in, count num_tokens_padded_in,
+         count num_reqs_padded_in, count block_size_multiple_in, const std::string& runner,
+         count reorder_batch_threshold_in) {
+        const std::size_t max_num_blocks_per_req =
+            max_num_blocks_per_req_in("max_num_blocks_per_req");
+        const std::size_t num_tokens_padded = num_tokens_padded_in("num_tokens_padded");
+        const std::size_t num_reqs_padded = num_reqs_padded_in("num_reqs_padded");
+        const std::size_t block_size_multiple = block_size_multiple_in("block_size_multiple");
+        const std::size_t reorder_batch_threshold =
+            reorder_batch_threshold_in("reorder_batch_threshold");
         prepack::vllm::options o;
         if (runner == "v1") {
           o.model_runner = prepack::vllm::runner::v1;
@@ -217,7 +223,8 @@ void bind_engines(nb::module_& m) {
       m.def_submodule("sglang", "SGLang's form of a step (prepack/engines/sglang.hpp).");
   sg.def(
       "make_forward_batch",
-      [](const step_inputs_box& b, optional_array_like req_pool_indices, std::size_t width) {
+      [](const step_inputs_box& b, optional_array_like req_pool_indices, count width_in) {
+        const std::size_t width = width_in("width");
         const auto rows = optional_ints<std::int64_t>(req_pool_indices, "req_pool_indices");
         auto f = prepack::sglang::make_forward_batch(b.in, rows, width);
         nb::dict d;
@@ -295,8 +302,10 @@ void bind_engines(nb::module_& m) {
       m.def_submodule("trtllm", "TensorRT-LLM's form of a step (prepack/engines/trtllm.hpp).");
   tr.def(
       "make_step",
-      [](const step_inputs_box& b, std::size_t num_layers, std::size_t max_blocks_per_seq,
+      [](const step_inputs_box& b, count num_layers_in, count max_blocks_per_seq_in,
          optional_array_like pool_layers, bool layer_first, bool k_only) {
+        const std::size_t num_layers = num_layers_in("num_layers");
+        const std::size_t max_blocks_per_seq = max_blocks_per_seq_in("max_blocks_per_seq");
         prepack::trtllm::options o;
         o.num_layers = num_layers;
         o.max_blocks_per_seq = max_blocks_per_seq;
@@ -344,8 +353,9 @@ void bind_engines(nb::module_& m) {
   ll.attr("max_seq") = prepack::llama_cpp::max_seq;
   ll.def(
       "make_batch",
-      [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
+      [](const prepack::step_schedule& sched, count step_in, prompts_like item_tokens,
          array_like seq_ids, std::int32_t n_seq_max) {
+        const std::size_t step = step_in("step");
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
         const auto ids = int_array<std::int64_t>(seq_ids, "seq_ids").vector();

@@ -571,7 +571,8 @@ void bind_pack(nb::module_& m) {
           "[n_rows + 1] int64: row r holds row_prompts[row_begin[r]:row_begin[r + 1]].")
       .def(
           "row_cu_seqlens",
-          [](nb::handle s, std::size_t r) {
+          [](nb::handle s, count r_in) {
+            const std::size_t r = r_in("row");
             const auto& l = nb::cast<const packed_batch&>(s).layout;
             if (r >= l.n_rows()) throw nb::index_error("row out of range");
             const auto cu = l.row_cu(r);
@@ -637,7 +638,8 @@ void bind_pack(nb::module_& m) {
           "torch tensor with fill_mask.")
       .def(
           "unpack",
-          [](const packed_batch& b, array_like values, std::size_t axis) {
+          [](const packed_batch& b, array_like values, count axis_in) {
+            const std::size_t axis = axis_in("axis");
             return unpack(b.layout, values, axis);
           },
           "values"_a, "axis"_a = 1,

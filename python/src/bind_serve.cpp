@@ -41,10 +41,21 @@ void bind_serve(nb::module_& m) {
       "A serving pool's blocks: reference counts, lowest free block first, and (with caching) "
       "full blocks kept after their last reference as a content-keyed prefix cache, evicted "
       "least recently used (prepack::block_pool).")
-      .def(nb::init<std::size_t, std::size_t, bool, bool>(), "n_blocks"_a, "block_size"_a,
-           "caching"_a = true, "null_block"_a = false,
-           "null_block: block 0 is never handed out (vLLM's null block, SGLang's padding "
-           "location).")
+      .def(
+          "__init__",
+          [](block_pool* self, count n_blocks, count block_size, bool caching, bool null_block) {
+            new (self)
+                block_pool(n_blocks("n_blocks"), block_size("block_size"), caching, null_block);
+          },
+          "n_blocks"_a, "block_size"_a, "caching"_a = true, "null_block"_a = false,
+          "null_block: block 0 is never handed out (vLLM's null block, SGLang's padding "
+          "location).")
+      .def("__repr__",
+           [](const block_pool& p) {
+             return "BlockPool(" + std::to_string(p.n_blocks()) + " blocks of " +
+                    std::to_string(p.block_size()) + ", " + std::to_string(p.free()) + " free, " +
+                    std::to_string(p.cached()) + " cached)";
+           })
       .def_prop_ro("null_block", &block_pool::null_block)
       .def_prop_ro("usable", &block_pool::usable, "Every block but the null block.")
       .def_prop_ro("n_blocks", &block_pool::n_blocks)
@@ -120,7 +131,12 @@ void bind_serve(nb::module_& m) {
           },
           nb::rv_policy::automatic,
           "[n] int64: requests preempted to make room (recomputed later).")
-      .def_ro("empty", &scheduled_step_box::empty);
+      .def_ro("empty", &scheduled_step_box::empty)
+      .def("__repr__", [](const scheduled_step_box& b) {
+        return "ScheduledStep(" + std::to_string(b.n_decodes) + " decodes, " +
+               std::to_string(b.n_prefill_tokens) + " prefill tokens, " +
+               std::to_string(b.preempted.size()) + " preempted)";
+      });
 
   using prepack::scheduler;
   nb::class_<scheduler>(
@@ -130,9 +146,15 @@ void bind_serve(nb::module_& m) {
       "O(step tokens + blocks it touches + log waiting requests).")
       .def(
           "__init__",
-          [](scheduler* self, std::size_t token_budget, std::size_t max_seqs, std::size_t n_blocks,
-             std::size_t block_size, std::size_t reserve_blocks, const std::string& policy,
-             bool prefix_cache, std::size_t max_wait_steps, bool aligned_chunks, bool null_block) {
+          [](scheduler* self, count token_budget_in, count max_seqs_in, count n_blocks_in,
+             count block_size_in, count reserve_blocks_in, const std::string& policy,
+             bool prefix_cache, count max_wait_steps_in, bool aligned_chunks, bool null_block) {
+            const std::size_t token_budget = token_budget_in("token_budget");
+            const std::size_t max_seqs = max_seqs_in("max_seqs");
+            const std::size_t n_blocks = n_blocks_in("n_blocks");
+            const std::size_t block_size = block_size_in("block_size");
+            const std::size_t reserve_blocks = reserve_blocks_in("reserve_blocks");
+            const std::size_t max_wait_steps = max_wait_steps_in("max_wait_steps");
             prepack::scheduler_options o;
             o.token_budget = token_budget;
             o.max_seqs = max_seqs;
@@ -150,8 +172,8 @@ void bind_serve(nb::module_& m) {
             o.null_block = null_block;
             new (self) scheduler(o);
           },
-          "token_budget"_a = 512, "max_seqs"_a = 256, "n_blocks"_a, "block_size"_a = 16,
-          "reserve_blocks"_a = 0, "policy"_a = "fcfs", "prefix_cache"_a = true,
+          nb::kw_only(), "token_budget"_a = 512, "max_seqs"_a = 256, "n_blocks"_a,
+          "block_size"_a = 16, "reserve_blocks"_a = 0, "policy"_a = "fcfs", "prefix_cache"_a = true,
           "max_wait_steps"_a = 64, "aligned_chunks"_a = false, "null_block"_a = false,
           "policy: 'fcfs' (vLLM's), 'packed' (whole prompts first-fit-decreasing into the room "
           "left) or 'shortest_first'; aligned_chunks: every prefill chunk but a request's last "
@@ -161,8 +183,9 @@ void bind_serve(nb::module_& m) {
           "block above the budget.")
       .def(
           "add",
-          [](scheduler& s, std::int64_t id, array_like prompt, std::size_t max_new_tokens,
+          [](scheduler& s, std::int64_t id, array_like prompt, count max_new_tokens_in,
              std::optional<std::int32_t> stop_token) {
+            const std::size_t max_new_tokens = max_new_tokens_in("max_new_tokens");
             prepack::request r;
             r.id = id;
             r.prompt = int_array<std::int32_t>(prompt, "prompt").vector();
@@ -187,6 +210,12 @@ void bind_serve(nb::module_& m) {
           "Records the step's sampled tokens (one per sequence whose logits were wanted, in "
           "the step's order); returns the requests that finished. ValueError, changing "
           "nothing, for a count that differs from the step's samples.")
+      .def("__repr__",
+           [](const scheduler& s) {
+             return "Scheduler(" + std::to_string(s.n_running()) + " running, " +
+                    std::to_string(s.n_waiting()) + " waiting, " +
+                    std::to_string(s.blocks().free()) + " free blocks)";
+           })
       .def_prop_ro("idle", &scheduler::idle)
       .def_prop_ro("n_waiting", &scheduler::n_waiting)
       .def_prop_ro("n_running", &scheduler::n_running)

@@ -158,7 +158,8 @@ void bind_steps(nb::module_& m) {
           "[n_steps + 1] int64: step s holds chunks[step_begin[s]:step_begin[s + 1]].")
       .def(
           "step_tokens",
-          [](const prepack::step_schedule& s, std::size_t st) {
+          [](const prepack::step_schedule& s, count st_in) {
+            const std::size_t st = st_in("step");
             prepack::detail::require(st < s.n_steps(), "step ", st, " outside the schedule's ",
                                      s.n_steps(), " steps");
             return s.step_tokens(st);
@@ -178,7 +179,10 @@ void bind_steps(nb::module_& m) {
           "int64, and last (bool: it completes the item).")
       .def(
           "check",
-          [](const prepack::step_schedule& s, std::size_t bs) { prepack::check_schedule(s, bs); },
+          [](const prepack::step_schedule& s, count bs_in) {
+            const std::size_t bs = bs_in("block_size");
+            prepack::check_schedule(s, bs);
+          },
           "block_size"_a = 0,
           "Checks the schedule's invariants (prepack::check_schedule); ValueError naming the "
           "first violation.")
@@ -190,8 +194,10 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "budgeted_schedule",
-      [](array_like lengths, std::size_t budget, const std::string& policy,
-         const std::string& order, std::size_t block_size, optional_array_like contexts) {
+      [](array_like lengths, count budget_in, const std::string& policy, const std::string& order,
+         count block_size_in, optional_array_like contexts) {
+        const std::size_t budget = budget_in("budget");
+        const std::size_t block_size = block_size_in("block_size");
         const int_array<std::int64_t> len(lengths, "lengths");
         const auto opts = budget_opts(budget, policy, order, block_size);
         if (contexts.is_none()) return prepack::budgeted_schedule(len.span(), opts);
@@ -226,6 +232,13 @@ void bind_steps(nb::module_& m) {
       "items (prefixes first, then every prompt's rest after its deepest prefix).")
       .def_ro("block_size", &prefix_plan::block_size)
       .def_prop_ro("n_prompts", &prefix_plan::n_prompts)
+      .def("__repr__",
+           [](const prefix_plan& p) {
+             return "PrefixPlan(" + std::to_string(p.n_prompts()) + " prompts, " +
+                    std::to_string(p.n_prefixes()) + " shared prefixes, " +
+                    std::to_string(p.tokens_computed()) + " of " +
+                    std::to_string(p.useful_tokens()) + " tokens computed)";
+           })
       .def_prop_ro("n_prefixes", &prefix_plan::n_prefixes)
       .def_prop_ro("n_items", [](const prefix_plan& p) { return p.items.size(); })
       .def_prop_ro("tokens_computed", &prefix_plan::tokens_computed,
@@ -276,8 +289,10 @@ void bind_steps(nb::module_& m) {
           "[n_prompts] int64: the item whose last token ends prompt i (its logits row).")
       .def(
           "schedule",
-          [](const prefix_plan& p, std::size_t budget, const std::string& policy,
-             const std::string& order, std::size_t block_size) {
+          [](const prefix_plan& p, count budget_in, const std::string& policy,
+             const std::string& order, count block_size_in) {
+            const std::size_t budget = budget_in("budget");
+            const std::size_t block_size = block_size_in("block_size");
             return prepack::budgeted_schedule(prepack::span<const prepack::schedule_item>(p.items),
                                               budget_opts(budget, policy, order, block_size));
           },
@@ -306,7 +321,8 @@ void bind_steps(nb::module_& m) {
           "prefix_ids[k] (default -1 - k).")
       .def(
           "allocate_tables",
-          [](const prefix_plan& p, prepack::block_allocator& alloc, std::size_t extra) {
+          [](const prefix_plan& p, prepack::block_allocator& alloc, count extra_in) {
+            const std::size_t extra = extra_in("extra");
             auto t = prepack::allocate_prefix_tables(p, alloc, extra);
             return std::make_pair(std::move(t.items), std::move(t.prompts));
           },
@@ -324,8 +340,11 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "prefix_plan",
-      [](prompts_like prompts_obj, std::size_t block_size, std::size_t min_length,
-         std::size_t overhead_tokens) {
+      [](prompts_like prompts_obj, count block_size_in, count min_length_in,
+         count overhead_tokens_in) {
+        const std::size_t block_size = block_size_in("block_size");
+        const std::size_t min_length = min_length_in("min_length");
+        const std::size_t overhead_tokens = overhead_tokens_in("overhead_tokens");
         prompts storage;
         const prompts& ps = as_prompts(prompts_obj, storage);
         return prepack::make_prefix_plan(ps.tokens, {block_size, min_length, overhead_tokens});
@@ -341,14 +360,16 @@ void bind_steps(nb::module_& m) {
       "-1 past a sequence's blocks (prepack::block_tables).")
       .def(
           "__init__",
-          [](prepack::block_tables* self, array_like table, std::size_t block_size) {
+          [](prepack::block_tables* self, array_like table, count block_size_in) {
+            const std::size_t block_size = block_size_in("block_size");
             new (self) prepack::block_tables(tables_from_array(table, block_size));
           },
           "table"_a, "block_size"_a,
           "table: [n_seqs, max_blocks] integers, -1 (any negative) past each sequence's blocks.")
       .def_static(
           "from_lists",
-          [](nb::handle rows, std::size_t block_size) {
+          [](nb::handle rows, count block_size_in) {
+            const std::size_t block_size = block_size_in("block_size");
             return prepack::make_block_tables(int32_lists(rows, "sequence"), block_size);
           },
           "rows"_a, "block_size"_a,
@@ -356,6 +377,12 @@ void bind_steps(nb::module_& m) {
           "0.")
       .def_ro("block_size", &prepack::block_tables::block_size)
       .def_ro("max_blocks", &prepack::block_tables::max_blocks)
+      .def("__repr__",
+           [](const prepack::block_tables& t) {
+             return "BlockTables(" + std::to_string(t.n_seqs()) + " sequences, up to " +
+                    std::to_string(t.max_blocks) + " blocks of " + std::to_string(t.block_size) +
+                    ")";
+           })
       .def_prop_ro("n_seqs", &prepack::block_tables::n_seqs)
       .def_prop_ro(
           "table",
@@ -366,7 +393,8 @@ void bind_steps(nb::module_& m) {
           "[n_seqs, max_blocks] int32, -1 past each sequence's blocks.")
       .def(
           "blocks",
-          [](const prepack::block_tables& t, std::size_t s) {
+          [](const prepack::block_tables& t, count s_in) {
+            const std::size_t s = s_in("seq");
             prepack::detail::require(s < t.n_seqs(), "block tables: sequence ", s, " outside ",
                                      t.n_seqs());
             const auto b = t.blocks(s);
@@ -378,17 +406,32 @@ void bind_steps(nb::module_& m) {
       m, "BlockAllocator",
       "Blocks 0 .. n_blocks - 1 of a pool, handed out lowest first, reference counted "
       "(prepack::block_allocator). O(log blocks) per block.")
-      .def(nb::init<std::size_t, bool>(), "n_blocks"_a, "null_block"_a = false,
-           "null_block: block 0 is never handed out (vLLM's null block, SGLang's padding "
-           "location); set it for those engines' forms.")
+      .def(
+          "__init__",
+          [](prepack::block_allocator* self, count n_blocks, bool null_block) {
+            new (self) prepack::block_allocator(n_blocks("n_blocks"), null_block);
+          },
+          "n_blocks"_a, "null_block"_a = false,
+          "null_block: block 0 is never handed out (vLLM's null block, SGLang's padding "
+          "location); set it for those engines' forms.")
       .def_prop_ro("null_block", &prepack::block_allocator::null_block)
       .def_prop_ro("n_blocks", &prepack::block_allocator::n_blocks)
+      .def("__repr__",
+           [](const prepack::block_allocator& a) {
+             return "BlockAllocator(" + std::to_string(a.n_blocks()) + " blocks, " +
+                    std::to_string(a.n_free()) + " free" +
+                    (a.null_block() ? ", null block 0" : "") + ")";
+           })
       .def_prop_ro("n_free", &prepack::block_allocator::n_free)
       .def_prop_ro("n_used", &prepack::block_allocator::n_used)
       .def("refs", &prepack::block_allocator::refs, "block"_a)
       .def(
           "allocate",
-          [](prepack::block_allocator& a, std::size_t n) { return to_numpy(a.allocate(n)); }, "n"_a,
+          [](prepack::block_allocator& a, count n_in) {
+            const std::size_t n = n_in("n");
+            return to_numpy(a.allocate(n));
+          },
+          "n"_a,
           "n free blocks, lowest first, as int32. ValueError, allocating nothing, when fewer "
           "are free.")
       .def("share", &prepack::block_allocator::share, "block"_a)
@@ -447,9 +490,11 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "step_inputs",
-      [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
-         const prepack::block_tables& tables, std::size_t n_blocks, optional_array_like seq_ids,
+      [](const prepack::step_schedule& sched, count step_in, prompts_like item_tokens,
+         const prepack::block_tables& tables, count n_blocks_in, optional_array_like seq_ids,
          bool writes_before_reads) {
+        const std::size_t step = step_in("step");
+        const std::size_t n_blocks = n_blocks_in("n_blocks");
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
         prepack::step_options opt;
@@ -475,7 +520,8 @@ void bind_steps(nb::module_& m) {
   m.def(
       "decode_inputs",
       [](array_like ids, array_like tokens, array_like contexts, const prepack::block_tables& t,
-         std::size_t n_blocks, optional_array_like prompt_lens) {
+         count n_blocks_in, optional_array_like prompt_lens) {
+        const std::size_t n_blocks = n_blocks_in("n_blocks");
         const auto id = int_array<std::int64_t>(ids, "ids").vector();
         const auto tok = int_array<std::int32_t>(tokens, "tokens").vector();
         const auto ctx = int_array<std::int64_t>(contexts, "contexts").vector();
@@ -501,8 +547,9 @@ void bind_steps(nb::module_& m) {
   m.def(
       "sequence_inputs",
       [](array_like ids, prompts_like tokens, array_like contexts, const prepack::block_tables& t,
-         std::size_t n_blocks, optional_array_like prompt_lens, optional_array_like completes,
+         count n_blocks_in, optional_array_like prompt_lens, optional_array_like completes,
          optional_array_like decodes, bool writes_before_reads) {
+        const std::size_t n_blocks = n_blocks_in("n_blocks");
         const auto id = int_array<std::int64_t>(ids, "ids").vector();
         prompts storage;
         const prompts& toks = as_prompts(tokens, storage);
@@ -549,9 +596,10 @@ void bind_steps(nb::module_& m) {
 
   m.def(
       "step_layout",
-      [](const prepack::step_schedule& sched, std::size_t step, prompts_like item_tokens,
-         const prepack::block_tables& tables, std::size_t n_blocks,
-         std::optional<std::size_t> cap) {
+      [](const prepack::step_schedule& sched, count step_in, prompts_like item_tokens,
+         const prepack::block_tables& tables, count n_blocks_in, std::optional<std::size_t> cap) {
+        const std::size_t step = step_in("step");
+        const std::size_t n_blocks = n_blocks_in("n_blocks");
         prompts storage;
         const prompts& toks = as_prompts(item_tokens, storage);
         auto sl = prepack::make_step_layout<std::int64_t, std::int64_t>(sched, step, toks.tokens,
