@@ -8,7 +8,8 @@ Methods (rows of the table):
   sorted padded     the paper's length-ordered baseline: prompts sorted by length, padded
                     batches of --sorted-batch prompts, one after the other
   prepack <kernel>  prepack.hf.prefill / prepack.hf.generate under each attention kernel given
-                    (eager, sdpa, flex_attention; flash_attention_2 where installed)
+                    (eager, sdpa, flex_attention; flash_attention_2 where installed); under sdpa
+                    also generate decoding --decode-batches length-sorted batches
   padding-free      transformers' own padding-free forward (one row, position ids restarting,
                     no mask, no cache) under sdpa and flex_attention: prefill only
   continuous        transformers' continuous batching (model.generate_batch, paged cache)
@@ -201,7 +202,7 @@ def padded_method(torch, model, prompts, new_tokens, groups=None):
     return prefill, ttft, generate
 
 
-def prepack_method(torch, hf, model, prompts, new_tokens, with_generate=True):
+def prepack_method(torch, hf, model, prompts, new_tokens, with_generate=True, decode_batches=1):
     def prefill():
         return hf.prefill(model, prompts, cache=None).logits
 
@@ -211,7 +212,7 @@ def prepack_method(torch, hf, model, prompts, new_tokens, with_generate=True):
 
     def generate():
         return hf.generate(model, prompts, new_tokens, min_new_tokens=new_tokens,
-                           do_sample=False)
+                           do_sample=False, decode_batches=decode_batches)
 
     return prefill, ttft, generate if with_generate else None
 
@@ -259,6 +260,9 @@ def methods_for(args, torch, transformers, hf, prompts):
         # flex decode recompiles for every new cache length on a CPU: prefill and TTFT only.
         gen = not (k == "flex_attention" and args.device.type == "cpu")
         out[f"prepack {k}"] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, gen))
+        if k == "sdpa" and args.decode_batches > 1:
+            out[f"prepack sdpa, {args.decode_batches} decode batches"] = (m, prepack_method(
+                torch, hf, m, prompts, args.new_tokens, True, args.decode_batches))
     if not args.smoke:
         for k in ("sdpa", "flex_attention"):
             m = base if k == "sdpa" else make_model(args, torch, transformers, k)
@@ -532,6 +536,8 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--kernels", default="sdpa,eager,flex_attention")
     ap.add_argument("--sorted-batch", type=int, default=16)
+    ap.add_argument("--decode-batches", type=int, default=4,
+                    help="also prepack sdpa decoding this many length-sorted batches")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -562,6 +568,13 @@ def main():
     args.model = args.model or ("1.3b" if cuda else "large")
     counts = args.prompts or ("64,256" if cuda else "64")
     args.kernels = args.kernels.split(",")
+    if cuda and "flash_attention_2" not in args.kernels:
+        try:
+            import flash_attn  # noqa: F401
+
+            args.kernels.append("flash_attention_2")
+        except ImportError:
+            pass
     if args.quick:
         args.passes, args.kernels = 1, ["sdpa"]
     if args.smoke:

@@ -350,9 +350,18 @@ def pack_inputs(model, prompts, *, capacity: Optional[int] = None, method: str =
     return batch, _model_inputs(t, batch)
 
 
-def _forward(model, t: _Target, batch, want_cache: bool, logits_of: Optional[np.ndarray]):
+def _decoder_layers(model) -> List[torch.nn.Module]:
+    """The model's decoder layers: its longest ModuleList of as many layers as the config says."""
+    n = getattr(_text_config(model), "num_hidden_layers", None)
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    return list(lists[0]) if lists else []
+
+
+def _forward(model, t: _Target, batch, want_cache: bool, logits_of: Optional[np.ndarray],
+             progress: bool = False):
     """One forward pass over the packed rows. Returns (logits [len(logits_of), vocab] or None,
-    the rows' cache: a plain DynamicCache whose every layer holds all the rows' slots)."""
+    the rows' cache: a plain DynamicCache whose every layer holds all the rows' slots).
+    progress: a tqdm bar advancing a step per decoder layer."""
     from transformers import DynamicCache
 
     inputs = _model_inputs(t, batch)
@@ -365,11 +374,19 @@ def _forward(model, t: _Target, batch, want_cache: bool, logits_of: Optional[np.
         return (hidden.reshape(-1, hidden.shape[-1])[rows.to(hidden.device)].unsqueeze(0),) + \
             tuple(args[1:])
 
-    hook = model.get_output_embeddings().register_forward_pre_hook(gather_rows)
+    hooks = [model.get_output_embeddings().register_forward_pre_hook(gather_rows)]
+    bar = None
+    if progress:
+        layers = _decoder_layers(model)
+        bar = _Progress(len(layers), f"prepack.hf.prefill ({batch.n_rows} rows of {batch.width})")
+        hooks += [layer.register_forward_hook(lambda *a: bar.bar.update(1)) for layer in layers]
     try:
         out = model(**inputs, past_key_values=cache, use_cache=want_cache)
     finally:
-        hook.remove()
+        for h in hooks:
+            h.remove()
+        if bar is not None:
+            bar.bar.close()
     logits = out.logits[0] if logits_of is not None else None
     return logits, cache
 
@@ -426,15 +443,21 @@ class _Gather:
 
 
 def _batch_cache(model, t: _Target, rows_cache, batch, present: np.ndarray, columns: int,
-                 expand: int = 1):
+                 expand: int = 1, free: bool = True):
     """The left-padded batch cache: [n * expand, kv_heads, kept, head_dim] per layer, prompt i
     (rows i * expand .. i * expand + expand - 1) holding its prefilled tokens right-aligned in
     `columns` columns (sliding layers the last window - 1 of them). present[i]: prompt i's index
-    in the packed batch, or -1 if it has no prefilled token (its columns are all pads)."""
+    in the packed batch, or -1 if it has no prefilled token (its columns are all pads). free:
+    each of the rows' layers is dropped once gathered."""
     slots = np.zeros((len(present), columns), np.int64)  # pads gather slot 0: finite, masked
     if (present >= 0).any():
-        packed = batch.left_padded_slots(columns)  # [n_packed, columns], -1 on pads
-        slots[present >= 0] = np.maximum(packed[present[present >= 0]], 0)
+        # [n_packed, longest packed], -1 on pads; a prompt of at most `columns` tokens lies in
+        # the last `columns` columns.
+        packed = batch.left_padded_slots()
+        rows = packed[present[present >= 0]]
+        if rows.shape[1] > columns:
+            rows = rows[:, rows.shape[1] - columns:]
+        slots[present >= 0, columns - rows.shape[1]:] = np.maximum(rows, 0)
     if expand > 1:
         slots = np.repeat(slots, expand, axis=0)
     gathers = {}
@@ -447,7 +470,8 @@ def _batch_cache(model, t: _Target, rows_cache, batch, present: np.ndarray, colu
         k, v = layers[i].keys, layers[i].values
         g = gathers[kind]
         _fill_layer(layer, g(k), g(v), columns)
-        layers[i].keys = layers[i].values = None  # the rows' layer is no longer needed
+        if free:
+            layers[i].keys = layers[i].values = None  # the rows' layer is no longer needed
     return cache
 
 
@@ -549,8 +573,8 @@ class PrefillResult:
 
 @torch.no_grad()
 def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optional[int] = None,
-            method: str = "ffd", attention_mask=None, tokenizer=None,
-            pad_token_id: int = 0) -> PrefillResult:
+            method: str = "ffd", attention_mask=None, tokenizer=None, pad_token_id: int = 0,
+            progress: bool = False) -> PrefillResult:
     """Prefills prompts on a transformers causal LM with prepacked rows, in one forward pass.
 
     prompts: in any form ``as_prompts`` takes (token-id sequences, a BatchEncoding, padded
@@ -567,7 +591,7 @@ def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optiona
     Cost: the forward pass over n_rows * width slots (about the prompts' total), the mask
     (module docstring), and per layer one gather of n_prompts * longest (batch) or total tokens
     (prompts) K and V rows on the model's device; the packed rows' cache of a layer is freed as
-    soon as it is gathered. ValueError for an empty prompt, a token outside the vocabulary, a
+    soon as it is gathered. progress: a tqdm bar over the decoder layers. ValueError for an empty prompt, a token outside the vocabulary, a
     capacity below a prompt, a cache form other than the three, or a model prepack cannot pack
     (an error naming it).
     """
@@ -577,7 +601,7 @@ def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optiona
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)
     batch = _pack(t, ps, capacity, method)
-    logits, rows = _forward(model, t, batch, cache is not None, batch.last_token)
+    logits, rows = _forward(model, t, batch, cache is not None, batch.last_token, progress)
     result = PrefillResult(logits=logits, batch=batch)
     if cache == "batch":
         longest = int(batch.prompt_length.max())
@@ -629,7 +653,7 @@ class _Progress:
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_mask=None,
              tokenizer=None, capacity: Optional[int] = None, method: str = "ffd",
-             progress: bool = False, **generate_kwargs):
+             decode_batches: int = 1, progress: bool = False, **generate_kwargs):
     """Continues every prompt: one prepacked prefill, then one batched ``model.generate`` over all
     prompts from the left-padded batch cache.
 
@@ -641,6 +665,15 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     counts the left-padded batch's columns, as ``model.generate`` on a padded batch does: prefer
     ``max_new_tokens``.
 
+    decode_batches: 1 (default) decodes every prompt in one batch, whose cache is as wide as the
+    longest prompt. k > 1 sorts the prompts by length and decodes k batches of about n / k
+    prompts one after another, each from its own cache only as wide as its longest prompt, all
+    gathered from the one packed prefill: a decode step reads and copies each cache whole (for
+    the concatenation and, under sdpa with grouped-query heads, once per query head), so where
+    that traffic dominates a step (a CPU, heavy-tailed prompts) several narrow batches decode
+    faster; where a step's fixed cost dominates (a GPU), one batch does. Outputs are the same
+    (token lists only: return_dict_in_generate and streamers take one batch).
+
     Returns, by default, a list of the new tokens of every returned sequence (n_prompts *
     num_return_sequences lists, prompt-major), each ending where generating it alone would stop
     (its EOS included); with ``return_dict_in_generate=True``, ``model.generate``'s own output for
@@ -648,7 +681,9 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     Greedy fp32 output equals ``model.generate`` on each prompt alone, token for token.
 
     progress: a tqdm bar over the new tokens. Cost: the prefill (see prefill) plus the decode of
-    ``model.generate`` over the batch. ValueError as prefill.
+    ``model.generate``: per step, one forward of every sequence over its batch's cache.
+    ValueError as prefill, and for decode_batches < 1 or > 1 with return_dict_in_generate or a
+    streamer.
     """
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
@@ -659,6 +694,12 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         generate_kwargs["max_new_tokens"] = max_new_tokens
     config, _ = model._prepare_generation_config(generate_kwargs.pop("generation_config", None),
                                                  **dict(generate_kwargs))
+    n_batches = min(int(decode_batches), len(ps))
+    if decode_batches < 1:
+        raise ValueError(f"decode_batches {decode_batches} (at least 1)")
+    if n_batches > 1 and (config.return_dict_in_generate or generate_kwargs.get("streamer")):
+        raise ValueError(f"decode_batches {decode_batches}: return_dict_in_generate and streamers "
+                         f"take one batch (decode_batches=1)")
     if tokenizer is not None:
         generate_kwargs.setdefault("tokenizer", tokenizer)
     expand = max(int(config.num_beams or 1), int(config.num_return_sequences or 1))
@@ -669,37 +710,54 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     pad_id = int(pad_id.item() if isinstance(pad_id, torch.Tensor) else pad_id)
 
     tokens, lengths = _flat(ps)
-    columns = int(lengths.max())
-    ids, mask = _left_padded(tokens, lengths, columns, pad_id, t.device)
-    kwargs = dict(generate_kwargs)
-    if columns > 1:
-        # Every prompt but its last token, packed; the batch cache holds columns - 1 columns.
-        last = np.cumsum(lengths) - 1
+    # The decode batches: prompt indices, by length when there are several.
+    order = np.argsort(lengths, kind="stable") if n_batches > 1 else np.arange(len(ps))
+    groups = [g for g in np.array_split(order, n_batches)]
+    # Every prompt but its last token, packed and prefilled once.
+    heads = lengths - 1
+    present = np.full(len(ps), -1, np.int64)
+    present[heads > 0] = np.arange(int((heads > 0).sum()))
+    caches: List[Any] = [None] * len(groups)
+    if (heads > 0).any():
         keep = np.ones(len(tokens), bool)
-        keep[last] = False
-        heads = lengths - 1
-        present = np.full(len(ps), -1, np.int64)
-        present[heads > 0] = np.arange(int((heads > 0).sum()))
-        head_prompts = _prepack.Prompts.from_flat(tokens[keep], heads[heads > 0])
-        batch = _pack(t, head_prompts, capacity, method)
-        _, rows = _forward(model, t, batch, True, None)
-        kwargs["past_key_values"] = _batch_cache(model, t, rows, batch, present, columns - 1,
-                                                 expand)
-    bar = None
-    if progress:
-        from transformers import StoppingCriteriaList
-
-        bar = _Progress(config.max_new_tokens, "prepack.hf.generate")
-        user = kwargs.get("stopping_criteria") or []
-        kwargs["stopping_criteria"] = StoppingCriteriaList([*user, bar])
+        keep[np.cumsum(lengths) - 1] = False
+        batch = _pack(t, _prepack.Prompts.from_flat(tokens[keep], heads[heads > 0]), capacity,
+                      method)
+        _, rows = _forward(model, t, batch, True, None, progress)
+        for k, g in enumerate(groups):
+            columns = int(lengths[g].max()) - 1
+            if columns > 0:
+                caches[k] = _batch_cache(model, t, rows, batch, present[g], columns, expand,
+                                         free=k == len(groups) - 1)
+        del rows
+    starts = np.cumsum(lengths) - lengths
+    total = config.max_new_tokens * len(groups) if config.max_new_tokens else None
+    bar = _Progress(total, "prepack.hf.generate") if progress else None
+    out: List[Any] = [None] * len(ps)
     try:
-        out = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+        for k, g in enumerate(groups):
+            columns = int(lengths[g].max())
+            flat = np.concatenate([tokens[starts[i]:starts[i] + lengths[i]] for i in g])
+            ids, mask = _left_padded(flat, lengths[g], columns, pad_id, t.device)
+            kwargs = dict(generate_kwargs)
+            if caches[k] is not None:
+                kwargs["past_key_values"] = caches[k]
+                caches[k] = None
+            if bar is not None:
+                from transformers import StoppingCriteriaList
+
+                kwargs["stopping_criteria"] = StoppingCriteriaList(
+                    [*(kwargs.get("stopping_criteria") or []), bar])
+            result = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+            if config.return_dict_in_generate:
+                return result
+            new = _new_tokens(result, columns, config, generate_kwargs)
+            for j, i in enumerate(g):
+                out[i] = new[j * expand:(j + 1) * expand]
     finally:
         if bar is not None:
             bar.bar.close()
-    if config.return_dict_in_generate:
-        return out
-    return _new_tokens(out, columns, config, generate_kwargs)
+    return [seq for per_prompt in out for seq in per_prompt]
 
 
 def _new_tokens(sequences: torch.Tensor, columns: int, config, kwargs) -> List[List[int]]:

@@ -189,6 +189,8 @@ def test_greedy_generation_equals_generating_alone(name, impl):
     got = hf.generate(m, prompts, 6, do_sample=False)
     for p, g in zip(prompts, got):
         assert g == generate_alone(m, p, max_new_tokens=6, do_sample=False), len(p)
+    # Length-sorted decode batches, each from its own narrow cache: the same tokens.
+    assert hf.generate(m, prompts, 6, do_sample=False, decode_batches=3) == got
 
 
 def test_generate_arguments_as_model_generate_takes_them():
@@ -238,6 +240,18 @@ def test_generate_arguments_as_model_generate_takes_them():
         assert got == want[:, padded.input_ids.shape[1]:].tolist()
         assert len(got) == len(prompts) * n_seq
     assert any(g[0] != w[0] for g, w in zip(got[::3], greedy))  # the first token was sampled
+
+    # Several decode batches: each sequence where it is alone, returned in the prompts' order.
+    got = hf.generate(m, prompts, 4, num_beams=2, num_return_sequences=2, decode_batches=4,
+                      do_sample=False)
+    assert len(got) == 2 * len(prompts)
+    for i, p in enumerate(prompts):
+        ids = torch.tensor([p])
+        want = m.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0,
+                          max_new_tokens=4, num_beams=2, num_return_sequences=2, do_sample=False)
+        assert got[2 * i:2 * i + 2] == want[:, len(p):].tolist()
+    with pytest.raises(ValueError, match="return_dict_in_generate and streamers take one batch"):
+        hf.generate(m, prompts, 2, decode_batches=2, return_dict_in_generate=True)
 
     # return_dict_in_generate and scores; a streamer sees the batch, then every new token.
     class Collect(transformers.generation.streamers.BaseStreamer):
@@ -398,3 +412,15 @@ def test_flash_varlen_equals_alone():
         with torch.no_grad():
             want = m(input_ids=torch.tensor([p], device="cuda")).logits[0, -1]
         assert scale_of(r.logits[i] - want) / scale_of(want) < 2e-2
+
+
+def test_progress_bars(capsys):
+    m = model("llama", "sdpa")
+    prompts = heavy_prompts(6, seed=6)
+    r = hf.prefill(m, prompts, progress=True)
+    got = hf.generate(m, prompts, 3, do_sample=False, progress=True, decode_batches=2)
+    err = capsys.readouterr().err
+    assert "prepack.hf.prefill" in err and "3/3" in err  # a step per decoder layer
+    assert "prepack.hf.generate" in err and "6/6" in err  # a step per token, per batch
+    assert got == hf.generate(m, prompts, 3, do_sample=False)
+    assert torch.equal(r.logits, hf.prefill(m, prompts).logits)
