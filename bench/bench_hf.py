@@ -233,10 +233,19 @@ def padding_free_method(torch, model, prompts):
 
 
 def continuous_method(transformers, model, prompts, new_tokens):
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    # Its paged cache sized to the workload (every request's pages, prompt and new tokens), not
+    # to most of the free memory, its default.
+    page = 256
+    blocks = sum(-(-(len(p) + new_tokens) // page) for p in prompts) + len(prompts)
+    cb = ContinuousBatchingConfig(page_size=page, num_blocks=blocks)
+
     def run(n):
         gc_ = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                             eos_token_id=-1, pad_token_id=0)
-        out = model.generate_batch(inputs=prompts, generation_config=gc_, progress_bar=False)
+        out = model.generate_batch(inputs=prompts, generation_config=gc_,
+                                   continuous_batching_config=cb, progress_bar=False)
         return [out[k].generated_tokens for k in sorted(out, key=lambda k: int(k.split("_")[-1]))]
 
     return None, (lambda: run(1)), (lambda: run(new_tokens))
@@ -245,31 +254,50 @@ def continuous_method(transformers, model, prompts, new_tokens):
 # -- the run ------------------------------------------------------------------------------------
 
 
-def methods_for(args, torch, transformers, hf, prompts):
-    """{name: (model, (prefill, ttft, generate))}; a phase None where the method has none."""
+def methods_for(args, torch, transformers, hf, prompts, only=None):
+    """{name: (model, (prefill, ttft, generate))}; a phase None where the method has none. only:
+    the one method of that name (the models of the others are not built)."""
     out = {}
-    base = make_model(args, torch, transformers, "sdpa")
+    models = {}
+
+    def make(attn):
+        if attn not in models:
+            models[attn] = make_model(args, torch, transformers, attn)
+        return models[attn]
+
+    def want(name):
+        return only is None or name == only
+
+    base = make("sdpa") if (only is None or not only.startswith(("prepack", "padding-free"))
+                            or "sdpa" in only) else None
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     groups = [[prompts[i] for i in order[k:k + args.sorted_batch]]
               for k in range(0, len(prompts), args.sorted_batch)]
-    out["padded"] = (base, padded_method(torch, base, prompts, args.new_tokens))
-    out[f"sorted padded ({args.sorted_batch})"] = (
-        base, padded_method(torch, base, [p for g in groups for p in g], args.new_tokens, groups))
+    if want("padded"):
+        out["padded"] = (base, padded_method(torch, base, prompts, args.new_tokens))
+    name = f"sorted padded ({args.sorted_batch})"
+    if want(name):
+        out[name] = (base, padded_method(torch, base, [p for g in groups for p in g],
+                                         args.new_tokens, groups))
     for k in args.kernels:
-        m = make_model(args, torch, transformers, k)
         # flex decode recompiles for every new cache length on a CPU: prefill and TTFT only.
         gen = not (k == "flex_attention" and args.device.type == "cpu")
-        out[f"prepack {k}"] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, gen))
-        if k == "sdpa" and args.decode_batches > 1:
-            out[f"prepack sdpa, {args.decode_batches} decode batches"] = (m, prepack_method(
-                torch, hf, m, prompts, args.new_tokens, True, args.decode_batches))
+        if want(f"prepack {k}"):
+            m = make(k)
+            out[f"prepack {k}"] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, gen))
+        name = f"prepack sdpa, {args.decode_batches} decode batches"
+        if k == "sdpa" and args.decode_batches > 1 and want(name):
+            m = make(k)
+            out[name] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, True,
+                                           args.decode_batches))
     if not args.smoke:
         for k in ("sdpa", "flex_attention"):
-            m = base if k == "sdpa" else make_model(args, torch, transformers, k)
-            out[f"padding-free {k}"] = (m, padding_free_method(torch, m, prompts))
-        if hasattr(base, "generate_batch"):
-            out["continuous"] = (base, continuous_method(transformers, base, prompts,
-                                                         args.new_tokens))
+            if want(f"padding-free {k}"):
+                m = make(k)
+                out[f"padding-free {k}"] = (m, padding_free_method(torch, m, prompts))
+        if want("continuous") and hasattr(make("sdpa"), "generate_batch"):
+            out["continuous"] = (make("sdpa"), continuous_method(transformers, make("sdpa"),
+                                                                 prompts, args.new_tokens))
     return out
 
 
@@ -327,7 +355,7 @@ def check(args, torch, methods, results):
 def memory_child(args, torch, transformers, hf, prompts):
     """Prints {phase: MiB} of one method (--memory-child NAME), each phase run once after a
     warm-up of the prefill."""
-    methods = methods_for(args, torch, transformers, hf, prompts)
+    methods = methods_for(args, torch, transformers, hf, prompts, only=args.memory_child)
     _, phases = methods[args.memory_child]
     out = {}
     with torch.no_grad():
@@ -343,8 +371,12 @@ def cpu_memory(args, names):
     peak = {}
     for name in names:
         cmd = [sys.executable, os.path.abspath(__file__), "--memory-child", name] + args.argv
-        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-        for ph, mib in json.loads(out.strip().splitlines()[-1]).items():
+        run = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if run.returncode != 0:  # reported, not fatal: the timings stand
+            print(f"bench_hf: the memory of {name} could not be measured (exit {run.returncode}): "
+                  f"{run.stderr.strip().splitlines()[-1:] }", file=sys.stderr)
+            continue
+        for ph, mib in json.loads(run.stdout.strip().splitlines()[-1]).items():
             peak[name, ph] = mib
     return peak
 

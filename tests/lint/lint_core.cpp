@@ -17,6 +17,9 @@ int main() {
   const auto a = prepack::additive_mask(l);
   const auto v = prepack::make_varlen(l);
   const auto t = prepack::make_token_batch(l);
+  const auto bsm = prepack::make_block_sparse_mask(l, 2, 3);
+  const auto lps = prepack::left_padded_slots(l, 5);
+  const auto ps = prepack::prompt_slots(l, 2);
   std::vector<float> src(l.n_slots());
   const auto s = prepack::packed_view<const float>(src.data(), prepack::kv_order::row_slot_head_dim,
                                                    l.n_rows(), l.width(), 1, 1);
@@ -54,6 +57,6 @@ int main() {
   const bool sane = vf.req_order == vs.req_order && m.size() == a.size() &&
                     v.slot.size() == t.pos.size() && c.size() == 3 && sp.size() == p.n_rows() &&
                     lb.size() == 2 && w.size() == 10 && bp.n_rows() == p.n_rows() &&
-                    fp.slots() == 10;
+                    fp.slots() == 10 && bsm.n_blocks == 3 && lps.size() == 15 && ps.size() == 6;
   return sane ? 0 : 1;
 }
