@@ -236,8 +236,8 @@ def _strip_pads(ids: np.ndarray, attention_mask) -> _prepack.Prompts:
     empty = np.flatnonzero(lengths == 0)
     if empty.size:
         raise ValueError(f"prompt {int(empty[0])}: attention_mask has no real token (length 0)")
-    # Left or right padding: each row's real tokens are one run. A run of n ones starting at f
-    # has cumsum reaching n at f + n - 1 and nothing outside it.
+    # Left or right padding: each row's real tokens are one run, the `lengths` columns from its
+    # first real token.
     first = m.argmax(axis=1)
     cols = np.arange(m.shape[1])
     run = (cols[None, :] >= first[:, None]) & (cols[None, :] < (first + lengths)[:, None])
@@ -351,7 +351,8 @@ def pack_inputs(model, prompts, *, capacity: Optional[int] = None, method: str =
 
 
 def _decoder_layers(model) -> List[torch.nn.Module]:
-    """The model's decoder layers: its longest ModuleList of as many layers as the config says."""
+    """The model's decoder layers: its first ModuleList of as many modules as the config has
+    layers (none found: no progress ticks)."""
     n = getattr(_text_config(model), "num_hidden_layers", None)
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     return list(lists[0]) if lists else []
