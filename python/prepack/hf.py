@@ -248,11 +248,6 @@ def _strip_pads(ids: np.ndarray, attention_mask) -> _prepack.Prompts:
     return _prepack.Prompts.from_flat(ids[m], lengths)
 
 
-def _flat(prompts: _prepack.Prompts) -> Tuple[np.ndarray, np.ndarray]:
-    """(tokens [total] int32, lengths [n] int64) of prompts, prompt after prompt."""
-    return prompts.flat()
-
-
 # -- packed rows and their masks ---------------------------------------------------------------
 
 
@@ -416,6 +411,13 @@ def _new_cache(model):
     return DynamicCache(config=model.config)
 
 
+def _kv_index(slots: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+    """[..., heads, n] row indices into a layer of the rows' cache seen as [n_rows * heads * width,
+    head_dim], for the flat packed slots [..., n] (row * width + slot) and every head."""
+    h = torch.arange(heads, device=slots.device)
+    return ((slots // width)[..., None, :] * heads + h[:, None]) * width + (slots % width)[..., None, :]
+
+
 class _Gather:
     """Gathers each layer of the packed rows' cache [n_rows, kv_heads, width, head_dim] into a
     destination with one index_select per layer and K / V: the index, built from prepack's flat
@@ -429,12 +431,7 @@ class _Gather:
     def index(self, device, heads: int) -> torch.Tensor:
         key = (device, heads)
         if key not in self._index:
-            s = self.slots.to(device)
-            row, slot = s // self.width, s % self.width
-            h = torch.arange(heads, device=device)
-            # [..., heads, n]: (row * heads + h) * width + slot
-            self._index[key] = ((row[..., None, :] * heads + h[:, None]) * self.width +
-                                slot[..., None, :])
+            self._index[key] = _kv_index(self.slots.to(device), heads, self.width)
         return self._index[key]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -444,17 +441,19 @@ class _Gather:
 
 
 def _batch_cache(model, t: _Target, rows_cache, batch, present: np.ndarray, columns: int,
-                 expand: int = 1, free: bool = True):
+                 expand: int = 1, free: bool = True, packed: Optional[np.ndarray] = None):
     """The left-padded batch cache: [n * expand, kv_heads, kept, head_dim] per layer, prompt i
     (rows i * expand .. i * expand + expand - 1) holding its prefilled tokens right-aligned in
     `columns` columns (sliding layers the last window - 1 of them). present[i]: prompt i's index
     in the packed batch, or -1 if it has no prefilled token (its columns are all pads). free:
-    each of the rows' layers is dropped once gathered."""
+    each of the rows' layers is dropped once gathered. packed: batch.left_padded_slots(), when
+    the caller has it already."""
     slots = np.zeros((len(present), columns), np.int64)  # pads gather slot 0: finite, masked
     if (present >= 0).any():
         # [n_packed, longest packed], -1 on pads; a prompt of at most `columns` tokens lies in
         # the last `columns` columns.
-        packed = batch.left_padded_slots()
+        if packed is None:
+            packed = batch.left_padded_slots()
         rows = packed[present[present >= 0]]
         if rows.shape[1] > columns:
             rows = rows[:, rows.shape[1] - columns:]
@@ -515,7 +514,7 @@ class _PromptGather:
             owner = torch.repeat_interleave(torch.arange(len(kept), device=device), kept)
             t = torch.arange(len(s), device=device) - start[owner]  # token within its prompt
             h = torch.arange(heads, device=device)
-            src = ((s // self.width)[:, None] * heads + h) * self.width + (s % self.width)[:, None]
+            src = _kv_index(s, heads, self.width).T  # [n, heads]
             dst = start[owner][:, None] * heads + h * kept[owner][:, None] + t[:, None]
             index = torch.empty(len(s) * heads, dtype=torch.int64, device=device)
             index[dst.reshape(-1)] = src.reshape(-1)
@@ -607,7 +606,7 @@ def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optiona
     if cache == "batch":
         longest = int(batch.prompt_length.max())
         result.cache = _batch_cache(model, t, rows, batch, np.arange(len(ps)), longest)
-        tokens, lengths = _flat(ps)
+        tokens, lengths = ps.flat()
         result.input_ids, result.attention_mask = _left_padded(tokens, lengths, longest,
                                                                pad_token_id, t.device)
     elif cache == "prompts":
@@ -624,7 +623,7 @@ def padded_prefill(model, prompts, *, pad_token_id: int = 0, attention_mask=None
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)
-    tokens, lengths = _flat(ps)
+    tokens, lengths = ps.flat()
     ids, mask = _left_padded(tokens, lengths, int(lengths.max()), pad_token_id, t.device)
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
@@ -710,7 +709,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         pad_id = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
     pad_id = int(pad_id.item() if isinstance(pad_id, torch.Tensor) else pad_id)
 
-    tokens, lengths = _flat(ps)
+    tokens, lengths = ps.flat()
     # The decode batches: prompt indices, by length when there are several.
     order = np.argsort(lengths, kind="stable") if n_batches > 1 else np.arange(len(ps))
     groups = [g for g in np.array_split(order, n_batches)]
@@ -725,11 +724,12 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         batch = _pack(t, _prepack.Prompts.from_flat(tokens[keep], heads[heads > 0]), capacity,
                       method)
         _, rows = _forward(model, t, batch, True, None, progress)
+        packed = batch.left_padded_slots()
         for k, g in enumerate(groups):
             columns = int(lengths[g].max()) - 1
             if columns > 0:
                 caches[k] = _batch_cache(model, t, rows, batch, present[g], columns, expand,
-                                         free=k == len(groups) - 1)
+                                         free=k == len(groups) - 1, packed=packed)
         del rows
     starts = np.cumsum(lengths) - lengths
     total = config.max_new_tokens * len(groups) if config.max_new_tokens else None
