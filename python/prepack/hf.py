@@ -51,11 +51,13 @@ from . import _prepack
 
 __all__ = [
     "PrefillResult",
+    "Score",
     "as_prompts",
     "generate",
     "pack_inputs",
     "padded_prefill",
     "prefill",
+    "score",
 ]
 
 # attn_implementation -> how packed rows are attended (see the module docstring).
@@ -630,6 +632,137 @@ def padded_prefill(model, prompts, *, pad_token_id: int = 0, attention_mask=None
                 logits_to_keep=1)
     return PrefillResult(logits=out.logits[:, -1], cache=out.past_key_values, attention_mask=mask,
                          input_ids=ids)
+
+
+# -- scoring -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Score:
+    """The log-probabilities of one sequence's target tokens (its last k), each given every token
+    before it."""
+
+    logprobs: torch.Tensor
+    """[k] each target token's log-probability, in softmax_dtype, on the CPU."""
+    greedy: torch.Tensor
+    """[k] bool: whether each target token is the model's most likely token there."""
+
+    @property
+    def total(self) -> float:
+        """The targets' summed log-probability: the sequence's log-likelihood of its last k
+        tokens."""
+        return float(self.logprobs.sum())
+
+    @property
+    def is_greedy(self) -> bool:
+        """Whether greedy decoding from the context would produce every target token."""
+        return bool(self.greedy.all())
+
+
+@torch.no_grad()
+def score(model, sequences, n_targets, *, capacity: Optional[int] = None, method: str = "ffd",
+          batch_rows: Optional[int] = None, softmax_dtype: Optional[torch.dtype] = torch.float32,
+          progress: bool = False) -> List[Score]:
+    """Scores the last ``n_targets`` tokens of every sequence, each given all tokens before it
+    (a context and its continuation: what an evaluation harness's log-likelihood requests ask),
+    with prepacked rows.
+
+    Every sequence but its last token is packed into rows of ``capacity`` slots (default the
+    longest; first-fit-decreasing, or 'bfd'), ``batch_rows`` rows per forward pass (default all
+    in one); the LM head runs only on the target positions, then a log-softmax in
+    ``softmax_dtype`` (None: the model's dtype). Sequences whose inputs are equal (the same
+    context with one-token continuations, as multiple-choice tasks ask) are run once.
+
+    sequences: token-id sequences in any form ``as_prompts`` takes. n_targets: an int, or one
+    per sequence, each at least 1 and less than the sequence's length. Returns one Score per
+    sequence, in order. Each equals scoring the sequence alone, up to float rounding.
+
+    Cost: one forward pass over the packed rows (about the distinct inputs' tokens, O(tokens)
+    host work to pack them), the LM head and log-softmax over the target positions only:
+    memory O(batch_rows * capacity * hidden + targets * vocab) per forward pass. ValueError for
+    a sequence of fewer than 2 tokens, a target count outside [1, length - 1], capacity below a
+    sequence's input, batch_rows < 1, or a model prepack cannot pack.
+    """
+    t = _target(model)
+    ps = as_prompts(sequences, vocab_size=t.vocab_size)
+    tokens, lengths = ps.flat()
+    n = len(lengths)
+    k = np.asarray(n_targets, dtype=np.int64)
+    if k.ndim == 0:
+        k = np.full(n, int(k), np.int64)
+    if k.shape != (n,):
+        raise ValueError(f"n_targets: {k.shape[0]} counts for {n} sequences")
+    bad = np.flatnonzero((k < 1) | (k >= lengths))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"sequence {i}: {int(k[i])} targets of {int(lengths[i])} tokens "
+                         f"(at least 1, and at least one token before them)")
+    if batch_rows is not None and batch_rows < 1:
+        raise ValueError(f"batch_rows {batch_rows} (at least 1)")
+    if capacity is not None and int(lengths.max()) - 1 > capacity:
+        i = int(np.argmax(lengths))
+        raise ValueError(f"sequence {i}: its input of {int(lengths[i]) - 1} tokens exceeds "
+                         f"capacity {capacity}")
+    starts = np.cumsum(lengths) - lengths
+    # The distinct inputs (each sequence but its last token), and how many last positions of
+    # each are scored: the most any of its sequences asks.
+    unique: Dict[bytes, int] = {}
+    which = np.empty(n, np.int64)
+    for i in range(n):
+        key = tokens[starts[i]:starts[i] + lengths[i] - 1].tobytes()
+        which[i] = unique.setdefault(key, len(unique))
+    first = np.full(len(unique), n, np.int64)
+    np.minimum.at(first, which, np.arange(n))
+    need = np.zeros(len(unique), np.int64)
+    np.maximum.at(need, which, k)
+    u_len = lengths[first] - 1
+    u_start = starts[first]
+    if t.kernel == "varlen":
+        plan_rows = [np.arange(len(unique))]
+    else:
+        plan = _prepack.plan(u_len, capacity=capacity, method=method)
+        per = plan.n_rows if batch_rows is None else int(batch_rows)
+        rb, rp = plan.row_begin, plan.row_prompts
+        plan_rows = [rp[rb[r]:rb[min(r + per, plan.n_rows)]]
+                     for r in range(0, plan.n_rows, per)]
+        capacity = plan.capacity
+    members = np.argsort(which, kind="stable")  # sequences grouped by input
+    m_begin = np.searchsorted(which[members], np.arange(len(unique) + 1))
+    out: List[Optional[Score]] = [None] * n
+    bar = _Progress(len(plan_rows), "prepack.hf.score") if progress else None
+    try:
+        for us in plan_rows:
+            us = np.sort(us)
+            flat = np.concatenate([tokens[u_start[u]:u_start[u] + u_len[u]] for u in us])
+            batch = _pack(t, _prepack.Prompts.from_flat(flat, u_len[us]), capacity, method)
+            # Rows of the LM head: each input's last need[u] slots, in input order.
+            nu = need[us]
+            row0 = np.cumsum(nu) - nu
+            slots = np.repeat(batch.last_token - nu + 1, nu) + \
+                (np.arange(int(nu.sum())) - np.repeat(row0, nu))
+            logits, _ = _forward(model, t, batch, False, slots)
+            logp = torch.log_softmax(logits, dim=-1, dtype=softmax_dtype)
+            # Every sequence of these inputs: its k targets, the last k of its input's rows.
+            seqs = np.concatenate([members[m_begin[u]:m_begin[u + 1]] for u in us])
+            pos = np.searchsorted(us, which[seqs])
+            ks = k[seqs]
+            end = row0[pos] + nu[pos]  # one past each sequence's input's last row
+            rows = np.repeat(end - ks, ks) + (np.arange(int(ks.sum())) -
+                                              np.repeat(np.cumsum(ks) - ks, ks))
+            target = np.concatenate([tokens[starts[i] + lengths[i] - k[i]:starts[i] + lengths[i]]
+                                     for i in seqs]).astype(np.int64)
+            r = torch.from_numpy(rows).to(logp.device)
+            tg = torch.from_numpy(target).to(logp.device)
+            lp = logp[r, tg].cpu()
+            gr = (logp[r].argmax(dim=-1) == tg).cpu()
+            for i, a, b in zip(seqs.tolist(), (np.cumsum(ks) - ks).tolist(), np.cumsum(ks).tolist()):
+                out[i] = Score(lp[a:b], gr[a:b])
+            if bar is not None:
+                bar.bar.update(1)
+    finally:
+        if bar is not None:
+            bar.bar.close()
+    return out  # type: ignore[return-value]
 
 
 # -- generation --------------------------------------------------------------------------------
