@@ -376,8 +376,14 @@ def _forward(model, t: _Target, batch, want_cache: bool, logits_of: Optional[np.
     bar = None
     if progress:
         layers = _decoder_layers(model)
-        bar = _Progress(len(layers), f"prepack.hf.prefill ({batch.n_rows} rows of {batch.width})")
-        hooks += [layer.register_forward_hook(lambda *a: bar.bar.update(1)) for layer in layers]
+        shown = _Progress(len(layers),
+                          f"prepack.hf.prefill ({batch.n_rows} rows of {batch.width})")
+        bar = shown
+
+        def tick(*_) -> None:  # a forward hook that returns a value replaces the layer's output
+            shown.bar.update(1)
+
+        hooks += [layer.register_forward_hook(tick) for layer in layers]
     try:
         out = model(**inputs, past_key_values=cache, use_cache=want_cache)
     finally:
