@@ -260,6 +260,21 @@ def test_generate_edge_requests(pair):
         theirs.generate_until(reqs, disable_tqdm=True)
 
 
+def test_generate_empty_context(workdir):
+    """A tokenizer that adds no BOS gives an empty context no tokens: it is generated from the
+    prefix token, as HFLM generates from a context that is that token's text."""
+    gen = {"until": ["\n"], "max_gen_toks": 8}
+    ours = ple.PrepackLM(**_args(workdir, batch_size=4, add_bos_token=False))
+    theirs = HFLM(**_args(workdir, batch_size=4, add_bos_token=False))
+    assert ours.tok_batch_encode([""])[1].sum() == 0  # nothing to condition on
+    contexts = ["", "the war", "of the"]
+    got = ours.generate_until([Instance("generate_until", {}, (c, gen), i)
+                               for i, c in enumerate(contexts)], disable_tqdm=True)
+    want = theirs.generate_until([Instance("generate_until", {}, (c or "<s>", gen), i)
+                                  for i, c in enumerate(contexts)], disable_tqdm=True)
+    assert got == want and got[0]
+
+
 def test_refuses_what_it_cannot_pack(workdir):
     """A model prepack cannot pack (ALiBi positions) is refused when the backend is built."""
     torch.manual_seed(0)
