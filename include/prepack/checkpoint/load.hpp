@@ -1,9 +1,10 @@
 // prepack/checkpoint/load.hpp - real checkpoints into the reference model: a GGUF file
-// (llama.cpp's format; architectures llama and qwen2) or a Hugging Face model directory
+// (llama.cpp's format; architectures llama, qwen2 and qwen3) or a Hugging Face model directory
 // (config.json + model.safetensors, or shards listed in model.safetensors.index.json;
-// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM). Tensors are dequantized to fp32 one at
-// a time from memory-mapped files. Link prepack::checkpoint (POSIX; nlohmann-json for config.json
-// and safetensors headers; the reference model's weights).
+// LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM). Tensors are read one
+// at a time from memory-mapped files: dequantized to fp32, or ggml's quantized projections held as
+// the file stores them (open with hold_quantized). Link prepack::checkpoint (POSIX;
+// nlohmann-json for config.json and safetensors headers; the reference model's weights).
 //
 // Two conventions differ from the reference model's (Hugging Face's):
 //  - ggml's dimension order: a GGUF tensor {in, out} holds torch's [out][in] rows, transposed

@@ -80,9 +80,9 @@ struct options {
 };
 
 /// The step in TensorRT-LLM's form. Throws prepack::error, naming the request, for a chunk of a
-/// context request that does not start at a block boundary or, short of its prompt's end, is not
-/// a whole number of blocks; for a width below a request's blocks, num_layers 0 or a pool of no
-/// layers; for a value that does not fit int32.
+/// context request that, short of its prompt's end, is not a whole number of blocks (a chunk may
+/// start anywhere, after a partial prefix reuse); for a width below a request's blocks,
+/// num_layers 0 or a pool of no layers; for a value that does not fit int32.
 template <class Token, class Index>
 attention_inputs make_step(const step_inputs<Token, Index>& in, const options& opt = {}) {
   using prepack::detail::narrow;

@@ -1,5 +1,6 @@
 // prepack/reference/model.hpp - the clean reference kernel: a Llama-family decoder on the CPU
-// (fp32, or bf16 projection weights) with one transformer block for every kind of batch:
+// (fp32 projection weights, bf16, or ggml's quantized blocks held as a checkpoint stores them)
+// with one transformer block for every kind of batch:
 //
 //  prefill(layout)        a packed or padded batch of whole prompts; K and V come out packed
 //                         ([layer][row][slot][kv_head][dim]) with every prompt's last logits.
