@@ -3,24 +3,27 @@
 //
 //  block_allocator  blocks handed out lowest first, reference counted (a block shared read-only
 //                   by several sequences, a common prefix, is free again when its last holder
-//                   releases it)
+//                   releases it), block 0 kept back as an engine's null block when asked: the
+//                   one allocator, which the serving pool (serve.hpp block_pool) builds on
 //  block_tables     per-sequence block lists laid out as the padded [n_seqs][max_blocks] array
 //                   kernels take
 //  block_row        one sequence's page arithmetic: position p lives at pool slot
 //                   blocks[p / block_size] * block_size + p % block_size
 //  blocks_for       blocks that hold n positions
 // and, for the validators of step inputs, unpackers and the reference model, the checks of a
-// table row against a pool and of the blocks a step touches (detail::check_block_uses).
-// Standard library only; the pool's memory is the engine's (or prepack::reference::kv_pool).
-// Cost: O(log blocks released) per block allocated or released, O(1) to share; memory grows
-// with the highest block ever handed out, never with the pool's size. O(n_seqs * max_blocks)
-// to lay out tables; the checks O(b log b) in the b blocks a step touches.
+// table row against a pool and of the blocks a step touches (detail::check_block_uses). The slot
+// mapping of a layout or a step over a pool is slots.hpp's. Standard library only; the pool's
+// memory is the engine's (or prepack::reference::kv_pool). Cost: O(log blocks released) per block
+// allocated or released, O(1) to share; memory grows with the highest block ever handed out, never
+// with the pool's size. O(n_seqs * max_blocks) to lay out tables; the checks O(b log b) in the b
+// blocks a step touches.
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <string>
 #include <vector>
@@ -68,25 +71,28 @@ class block_allocator {
   }
 
   /// n free blocks, the lowest first, each with one reference. Throws prepack::error,
-  /// allocating nothing, when fewer than n are free.
+  /// allocating nothing, when fewer than n are free. O(n log blocks).
   std::vector<std::int32_t> allocate(std::size_t n) {
     detail::require(n <= n_free(), "block allocator: ", n, " blocks wanted, ", n_free(), " of ",
                     n_blocks_, " free");
     std::vector<std::int32_t> out;
     out.reserve(n);
-    for (std::size_t k = 0; k < n; ++k) {
-      std::int32_t b;
-      if (!released_.empty()) {  // every released block is below the never-used ones
-        b = released_.top();
-        released_.pop();
-      } else {
-        b = static_cast<std::int32_t>(refs_.size());
-        refs_.push_back(0);
-      }
-      refs_[static_cast<std::size_t>(b)] = 1;
-      out.push_back(b);
-    }
+    for (std::size_t k = 0; k < n; ++k) out.push_back(*try_allocate());
     return out;
+  }
+  /// The lowest free block, with one reference; nullopt when none is free. O(log blocks).
+  std::optional<std::int32_t> try_allocate() {
+    if (n_free() == 0) return std::nullopt;
+    std::int32_t b;
+    if (!released_.empty()) {  // every released block is below the never-used ones
+      b = released_.top();
+      released_.pop();
+    } else {
+      b = static_cast<std::int32_t>(refs_.size());
+      refs_.push_back(0);
+    }
+    refs_[static_cast<std::size_t>(b)] = 1;
+    return b;
   }
   /// One more holder of an allocated block (a sequence that shares a prefix block). Throws
   /// prepack::error for a free block or one outside the pool.

@@ -16,6 +16,7 @@
 #include "prefix.hpp"
 #include "schedule.hpp"
 #include "serve.hpp"
+#include "slots.hpp"
 #include "span.hpp"
 #include "step.hpp"
 #include "unpack.hpp"

@@ -66,8 +66,9 @@
 
 PREPACK_NAMESPACE_BEGIN
 
-/// A serving pool's blocks: reference counts, handed out lowest-numbered first, and (with
-/// caching) full blocks kept after their last reference as a content-keyed prefix cache.
+/// A serving pool's blocks: reference counts and the null block as block_allocator
+/// (paged.hpp) keeps them, handed out lowest-numbered first, and (with caching) full blocks
+/// kept after their last reference as a content-keyed prefix cache.
 ///
 /// The cache is a forest: a cached block is keyed by its tokens and the cached block before it
 /// (its parent), so by everything before it. Every unreferenced ("idle") cached block can be
@@ -83,25 +84,18 @@ class block_pool {
   /// location: see block_allocator). Throws prepack::error for no blocks (none but the null
   /// block), a block size of 0, or more blocks than int32 ids.
   block_pool(std::size_t n_blocks, std::size_t block_size, bool caching, bool null_block = false)
-      : n_blocks_(n_blocks), block_size_(block_size), caching_(caching), null_block_(null_block) {
-    detail::require(n_blocks > (null_block ? 1u : 0u), "block pool: no blocks",
-                    null_block ? " besides the null block" : "");
-    detail::require(block_size > 0, "block pool: block size 0");
-    detail::narrow<std::int32_t>(n_blocks, "block pool size");
-    if (null_block) {  // block 0: handed out to nobody, ever
-      fresh_ = 1;
-      ref_.push_back(0);
-    }
-  }
+      : blocks_(checked_size(n_blocks, block_size, null_block), null_block),
+        block_size_(block_size),
+        caching_(caching) {}
 
-  std::size_t n_blocks() const noexcept { return n_blocks_; }
+  std::size_t n_blocks() const noexcept { return blocks_.n_blocks(); }
   std::size_t block_size() const noexcept { return block_size_; }
   bool caching() const noexcept { return caching_; }
-  bool null_block() const noexcept { return null_block_; }
+  bool null_block() const noexcept { return blocks_.null_block(); }
   /// Blocks requests can ever hold: every block but the null block.
-  std::size_t usable() const noexcept { return n_blocks_ - (null_block_ ? 1 : 0); }
+  std::size_t usable() const noexcept { return n_blocks() - (null_block() ? 1 : 0); }
   /// Blocks that hold nothing.
-  std::size_t free() const noexcept { return n_blocks_ - fresh_ + released_.size(); }
+  std::size_t free() const noexcept { return blocks_.n_free(); }
   /// Blocks held in the cache only (unreferenced): each can be reclaimed by allocate().
   std::size_t cached_unreferenced() const noexcept { return leaves_.size() + inner_.size(); }
   /// Blocks a request could get now: free, or reclaimed from the cache. allocate() succeeds
@@ -112,9 +106,11 @@ class block_pool {
   /// Whether block b is in the cache. False for a block outside the pool.
   bool is_cached(std::int32_t b) const { return entries_.count(b) != 0; }
   /// References to block b (0 for a free or idle cached block, or a block outside the pool).
+  /// O(1) expected.
   std::uint32_t references(std::int32_t b) const {
-    return b >= 0 && static_cast<std::size_t>(b) < ref_.size() ? ref_[static_cast<std::size_t>(b)]
-                                                               : 0;
+    if (b < 0 || static_cast<std::size_t>(b) >= n_blocks() || (b == 0 && null_block())) return 0;
+    // The cache holds one of a cached block's references.
+    return static_cast<std::uint32_t>(blocks_.refs(b) - entries_.count(b));
   }
 
   /// A block for new content, with one reference: the lowest free one, else the least recently
@@ -122,20 +118,10 @@ class block_pool {
   /// cached descendants leave the cache: see the class comment). nullopt when none.
   /// O(log cached), and O(its descendants) when a followed block is reclaimed.
   std::optional<std::int32_t> allocate() {
-    std::int32_t b = -1;
-    if (!released_.empty()) {
-      b = *released_.begin();
-      released_.erase(released_.begin());
-    } else if (fresh_ < n_blocks_) {
-      b = static_cast<std::int32_t>(fresh_++);
-      ref_.push_back(0);
-    } else if (!leaves_.empty() || !inner_.empty()) {
-      b = (!leaves_.empty() ? leaves_ : inner_).begin()->second;
-      uncache(b, /*free_idle=*/false);
-    } else {
-      return std::nullopt;
-    }
-    ref_[static_cast<std::size_t>(b)] = 1;
+    if (const auto b = blocks_.try_allocate()) return b;
+    if (leaves_.empty() && inner_.empty()) return std::nullopt;
+    const std::int32_t b = (!leaves_.empty() ? leaves_ : inner_).begin()->second;
+    uncache(b, /*free_idle=*/false);  // the cache's reference to b becomes the caller's
     return b;
   }
 
@@ -146,9 +132,8 @@ class block_pool {
     const auto it = entries_.find(b);
     detail::require(references(b) > 0 || it != entries_.end(), "block pool: block ", b,
                     " is free: only a cached or referenced block is acquired");
-    auto& r = ref_[static_cast<std::size_t>(b)];
-    if (r == 0) idle_set(it->second).erase({it->second.last_use, b});
-    ++r;
+    if (references(b) == 0) idle_set(it->second).erase({it->second.last_use, b});
+    blocks_.share(b);
   }
 
   /// Drops a reference: an unreferenced block is freed, or stays cached (idle) if it is in the
@@ -157,12 +142,9 @@ class block_pool {
   void release(std::int32_t b) {
     check_id(b);
     detail::require(references(b) > 0, "block pool: block ", b, " released without a reference");
-    if (--ref_[static_cast<std::size_t>(b)] > 0) return;
+    blocks_.release(b);  // frees b if it held the last reference and is not cached
     const auto it = entries_.find(b);
-    if (it == entries_.end()) {
-      released_.insert(b);
-      return;
-    }
+    if (it == entries_.end() || references(b) > 0) return;
     it->second.last_use = ++clock_;
     idle_set(it->second).insert({it->second.last_use, b});
   }
@@ -192,8 +174,8 @@ class block_pool {
   bool insert(std::int32_t b, std::int32_t parent, span<const T> tokens) {
     detail::require(tokens.size() == block_size_, "block pool: ", tokens.size(),
                     " tokens for a block of ", block_size_);
-    detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks_, "block pool: block ", b,
-                    " outside the pool of ", n_blocks_);
+    detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks(), "block pool: block ", b,
+                    " outside the pool of ", n_blocks());
     detail::require(references(b) > 0, "block pool: caching block ", b, " without a reference");
     detail::require(parent == -1 || (parent != b && entries_.count(parent) != 0),
                     "block pool: block ", b, " follows block ", parent,
@@ -212,6 +194,7 @@ class block_pool {
     e.tokens.assign(tokens.begin(), tokens.end());
     index_.emplace(hash(parent, tokens), b);
     entries_.emplace(b, std::move(e));
+    blocks_.share(b);  // the cache's own reference, kept while b is cached
     return true;
   }
 
@@ -235,10 +218,18 @@ class block_pool {
   };
   using by_use = std::set<std::pair<std::uint64_t, std::int32_t>>;
 
+  static std::size_t checked_size(std::size_t n_blocks, std::size_t block_size, bool null_block) {
+    detail::require(n_blocks > (null_block ? 1u : 0u), "block pool: no blocks",
+                    null_block ? " besides the null block" : "");
+    detail::require(block_size > 0, "block pool: block size 0");
+    detail::narrow<std::int32_t>(n_blocks, "block pool size");
+    return n_blocks;
+  }
+
   void check_id(std::int32_t b) const {
-    detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks_, "block pool: block ", b,
-                    " outside the pool of ", n_blocks_);
-    detail::require(b != 0 || !null_block_, "block pool: block 0 is the null block");
+    detail::require(b >= 0 && static_cast<std::size_t>(b) < n_blocks(), "block pool: block ", b,
+                    " outside the pool of ", n_blocks());
+    detail::require(b != 0 || !null_block(), "block pool: block 0 is the null block");
   }
 
   // The set an idle cached block is in: leaves_ when no cached block follows it, else inner_.
@@ -272,11 +263,7 @@ class block_pool {
       auto it = entries_.find(x);
       entry& ex = it->second;
       todo.insert(todo.end(), ex.kids.begin(), ex.kids.end());
-      const bool idle = references(x) == 0;
-      if (idle) {
-        idle_set(ex).erase({ex.last_use, x});
-        if (x != b || free_idle) released_.insert(x);
-      }
+      if (references(x) == 0) idle_set(ex).erase({ex.last_use, x});
       const auto range = index_.equal_range(hash(ex.parent, span<const std::int32_t>(ex.tokens)));
       for (auto i = range.first; i != range.second; ++i) {
         if (i->second == x) {
@@ -285,14 +272,17 @@ class block_pool {
         }
       }
       entries_.erase(it);
+      // The cache's reference: an idle block is freed by it, a referenced one stays with its
+      // holders; allocate's block b keeps it, for its caller.
+      if (x != b || free_idle) blocks_.release(x);
     }
   }
 
-  std::size_t n_blocks_, block_size_;
-  bool caching_, null_block_;
-  std::size_t fresh_ = 0;            // blocks [0, fresh_) have been handed out at least once
-  std::set<std::int32_t> released_;  // free blocks below fresh_
-  std::vector<std::uint32_t> ref_;   // [fresh_]
+  // Reference counts and free blocks: a request's reference to a block is one, and the cache
+  // holds one more of every cached block (an idle cached block: only that one).
+  block_allocator blocks_;
+  std::size_t block_size_;
+  bool caching_;
   std::unordered_map<std::int32_t, entry> entries_;             // cached blocks
   std::unordered_multimap<std::uint64_t, std::int32_t> index_;  // content hash -> block
   by_use leaves_;  // idle cached blocks no cached block follows, oldest first

@@ -30,8 +30,8 @@
 #include "paged.hpp"
 #include "plan.hpp"
 #include "schedule.hpp"
+#include "slots.hpp"
 #include "span.hpp"
-#include "unpack.hpp"
 
 PREPACK_NAMESPACE_BEGIN
 

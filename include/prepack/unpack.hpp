@@ -11,9 +11,9 @@
 // a GPU) take the same destinations as gather indices instead: left_padded_slots, prompt_slots.
 //
 // Engines that write KV layer by layer as the forward pass produces it build a slot_mapping
-// once (one pool slot per layout slot, -1 for pad slots, checked once) and call write_slots
-// per layer: O(1) checks per call, no allocation. paged_view names the common pool layouts
-// (vLLM's flash NHD, HND, its paged-attention value cache) and split_key_view vLLM's
+// once (slots.hpp: one pool slot per layout slot, -1 for pad slots, checked once) and call
+// write_slots per layer: O(1) checks per call, no allocation. paged_view names the common pool
+// layouts (vLLM's flash NHD, HND, its paged-attention value cache) and split_key_view vLLM's
 // paged-attention key cache [blocks][heads][head_dim / x][block_size][x].
 //
 // Cost: O(useful tokens * n_heads * head_dim) copies per layer and K/V; the checks are
@@ -34,10 +34,12 @@
 #include <vector>
 
 #include "detail/checked.hpp"
+#include "detail/views.hpp"
 #include "error.hpp"
 #include "layout.hpp"
 #include "numeric.hpp"
 #include "paged.hpp"
+#include "slots.hpp"
 #include "span.hpp"
 
 PREPACK_NAMESPACE_BEGIN
@@ -92,46 +94,6 @@ tensor_view<T, R + 1> one_layer(const tensor_view<T, R>& v) {
 }
 
 namespace detail {
-
-template <class T, std::size_t R>
-bool empty_view(const tensor_view<T, R>& v) {
-  for (std::size_t e : v.extent) {
-    if (e == 0) return true;
-  }
-  return false;
-}
-
-// Offset of the last element a view can reach, checked against size_t overflow.
-template <class T, std::size_t R>
-std::size_t reach(const tensor_view<T, R>& v, const char* what) {
-  std::size_t off = 0;
-  for (std::size_t d = 0; d < R; ++d) {
-    if (v.extent[d] == 0) return 0;
-    off = add(off, mul(v.extent[d] - 1, v.stride[d], what), what);
-  }
-  return off;
-}
-
-// Checks a view is addressable, and for a destination that no two indices share an element
-// (sorted by stride, each stride exceeds the reach of all smaller ones).
-template <class T, std::size_t R>
-void check_view(const tensor_view<T, R>& v, const char* what, bool destination) {
-  if (empty_view(v)) return;
-  require(v.data != nullptr, what, ": null data for a non-empty view");
-  reach(v, what);
-  if (!destination) return;
-  std::array<std::size_t, R> dims;
-  std::iota(dims.begin(), dims.end(), std::size_t{0});
-  std::sort(dims.begin(), dims.end(),
-            [&](std::size_t a, std::size_t b) { return v.stride[a] < v.stride[b]; });
-  std::size_t covered = 0;  // largest offset reachable with the dimensions seen so far
-  for (std::size_t d : dims) {
-    if (v.extent[d] <= 1) continue;
-    require(v.stride[d] > covered, what, ": overlapping strides (dimension ", d, " has stride ",
-            v.stride[d], " within the reach ", covered, " of the smaller ones)");
-    covered += (v.extent[d] - 1) * v.stride[d];
-  }
-}
 
 // The memory a destination writes, as contiguous runs of elements: [first, last] addresses.
 // Overlap between destinations is decided on these, the elements actually written, so views
@@ -215,40 +177,6 @@ class written_runs {
   std::vector<run> ranges_;
   std::vector<std::function<void(std::vector<run>&)>> boxes_;
 };
-
-// Checks a block table for a layout over a pool of n_blocks blocks of block_size: enough
-// entries in the pool for every prompt's positions, no block listed twice by a prompt, written by
-// two, or written by one while another reads it as context. O(prompts + b log b) for the b blocks
-// the prompts touch.
-template <class B, class Token, class Index>
-void check_block_table(const packed_layout<Token, Index>& l, const tensor_view<B, 2>& block_table,
-                       std::size_t n_blocks, std::size_t block_size) {
-  static_assert(std::is_integral_v<B>, "block ids must be integers");
-  require(block_size > 0, "paged pool: block size 0");
-  require(n_blocks > 0, "paged pool: the pool has no blocks");
-  check_view(block_table, "block table", false);
-  require(block_table.extent[0] >= l.n_prompts(), "block table: ", block_table.extent[0],
-          " rows for ", l.n_prompts(), " prompts");
-  std::vector<block_use> uses;
-  const auto name = [](std::size_t i) { return "prompt " + std::to_string(i); };
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const auto ctx = static_cast<std::size_t>(l.prompt_context()[i]);
-    const auto len = static_cast<std::size_t>(l.prompt_length()[i]);
-    const auto entry = [&](std::size_t k) { return block_table(i, k); };
-    check_row(entry, block_table.extent[1], ctx + len, block_size, n_blocks,
-              [&] { return name(i); });
-    add_block_uses(uses, entry, ctx, len, block_size, i);
-  }
-  check_block_uses(uses, name);
-}
-
-template <class B, class Token, class Index>
-std::size_t pool_slot(const packed_layout<Token, Index>& l, const tensor_view<B, 2>& block_table,
-                      std::size_t block_size, std::size_t i, std::size_t t) {
-  const std::size_t pos = static_cast<std::size_t>(l.prompt_context()[i]) + t;
-  return static_cast<std::size_t>(
-      slot_of(static_cast<std::int64_t>(block_table(i, pos / block_size)), pos, block_size));
-}
 
 // The source must be (layer, row, slot, head, dim) over this layout.
 template <class S, class Token, class Index>
@@ -499,74 +427,6 @@ std::vector<std::int64_t> prompt_slots(const packed_layout<Token, Index>& l,
     for (std::size_t t = from; t < len; ++t) out.push_back(first + static_cast<std::int64_t>(t));
   }
   return out;
-}
-
-/// Where every slot of a layout goes in a paged KV pool: one pool slot (block * block_size +
-/// offset in block) per layout slot, -1 for pad slots, as vLLM's slot_mapping. Built once from a
-/// block table and checked once (blocks in range, no pool slot written twice); write_slots then
-/// uses it for every layer and for K and V with O(1) checks per call.
-class slot_mapping {
- public:
-  /// An empty mapping (no tokens), as a moved-from one is.
-  slot_mapping() = default;
-  std::size_t block_size() const noexcept { return block_size_; }
-  std::size_t n_blocks() const noexcept { return n_blocks_; }
-  /// [n_tokens]  pool slot of each token (layout slot), -1 where nothing is written.
-  span<const std::int64_t> slots() const noexcept { return slots_; }
-
-  /// Checks and adopts a mapping computed elsewhere (an engine's own, or a step's): every
-  /// entry -1 or inside n_blocks * block_size, no pool slot named twice. Throws prepack::error
-  /// naming the first bad entry.
-  static slot_mapping from_slots(std::vector<std::int64_t> slots, std::size_t n_blocks,
-                                 std::size_t block_size) {
-    detail::require(block_size > 0, "slot mapping: block size 0");
-    detail::require(n_blocks > 0, "slot mapping: the pool has no blocks");
-    const std::size_t pool = detail::mul(n_blocks, block_size, "pool slots");
-    std::vector<std::pair<std::int64_t, std::size_t>> order;  // (pool slot, token)
-    order.reserve(slots.size());
-    for (std::size_t t = 0; t < slots.size(); ++t) {
-      const std::int64_t s = slots[t];
-      detail::require(s >= -1 && (s < 0 || static_cast<std::uint64_t>(s) < pool), "token ", t,
-                      ": slot ", s, " outside the pool's ", pool, " slots");
-      if (s >= 0) order.emplace_back(s, t);
-    }
-    std::sort(order.begin(), order.end());
-    for (std::size_t k = 1; k < order.size(); ++k) {
-      detail::require(order[k].first != order[k - 1].first, "token ", order[k].second, ": slot ",
-                      order[k].first, " is also written by token ", order[k - 1].second);
-    }
-    return slot_mapping(std::move(slots), n_blocks, block_size);
-  }
-
- private:
-  template <class B, class Token, class Index>
-  friend slot_mapping make_slot_mapping(const packed_layout<Token, Index>&, tensor_view<B, 2>,
-                                        std::size_t, std::size_t);
-  slot_mapping(std::vector<std::int64_t> slots, std::size_t n_blocks, std::size_t block_size)
-      : slots_(std::move(slots)), n_blocks_(n_blocks), block_size_(block_size) {}
-  std::vector<std::int64_t> slots_;
-  std::size_t n_blocks_ = 0, block_size_ = 0;
-};
-
-/// The slot mapping of a layout over a paged pool of n_blocks blocks of block_size slots:
-/// token t of prompt i (position prompt_context[i] + t) goes to block
-/// block_table(i, position / block_size) at offset position % block_size; pad slots map to -1.
-/// Entries of the table past those a prompt needs are ignored. Throws prepack::error, naming
-/// the prompt and entry, if the table has too few rows or entries, an entry is outside the
-/// pool, or a block is written by two prompts.
-template <class B, class Token, class Index>
-slot_mapping make_slot_mapping(const packed_layout<Token, Index>& l, tensor_view<B, 2> block_table,
-                               std::size_t n_blocks, std::size_t block_size) {
-  detail::check_block_table(l, block_table, n_blocks, block_size);
-  std::vector<std::int64_t> slots(l.n_slots(), -1);
-  for (std::size_t i = 0; i < l.n_prompts(); ++i) {
-    const std::size_t first = l.first_slot(i);
-    for (std::size_t t = 0; t < static_cast<std::size_t>(l.prompt_length()[i]); ++t) {
-      slots[first + t] =
-          static_cast<std::int64_t>(detail::pool_slot(l, block_table, block_size, i, t));
-    }
-  }
-  return slot_mapping(std::move(slots), n_blocks, block_size);
 }
 
 namespace detail {
