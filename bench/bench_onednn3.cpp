@@ -39,7 +39,7 @@ namespace ref = prepack::reference;
 
 namespace {
 
-using prepack::checkpoint::ggml_type;
+using prepack::ggml::ggml_type;
 
 // One projection's weights, K x N, as Q8_0 or Q4_0 rows (prepack) and as the s8 / s4 values and
 // f32 group scales oneDNN takes (the same numbers: d widened from fp16 exactly).
@@ -166,7 +166,7 @@ void register_all() {
     for (const shape s : {shape{"gate_up", 1024, 5632}, shape{"down", 2816, 1024}}) {
       for (const long m : {1L, 8L, 32L, 512L}) {
         for (const std::string impl : {"prepack", "onednn-f32", "onednn-bf16"}) {
-          const std::string tname = prepack::checkpoint::ggml_type_name(type);
+          const std::string tname = prepack::ggml::ggml_type_name(type);
           const std::string name = "decompress/" + tname + "/" + std::to_string(s.k) + "x" +
                                    std::to_string(s.n) + "/m" + std::to_string(m) + "/" + impl;
           benchmark::RegisterBenchmark(

@@ -582,7 +582,7 @@ struct quantized_layer_case {
 };
 quantized_layer_case random_quantized_layer(std::mt19937& rng, Eigen::Index k, bool q5k = false,
                                             bool q3k = false, bool more = false) {
-  using prepack::checkpoint::ggml_type;
+  using prepack::ggml::ggml_type;
   // the K-quants' 256-value blocks only where k holds them
   const bool k_quants = k % 256 == 0;
   const Eigen::Index rows8 = 7, rows4 = 6, rowsk = k_quants ? 5 : 0, rows6 = k_quants ? 4 : 0,
@@ -1112,7 +1112,7 @@ TEST(Reference, QuantizedProjectionsComputeTheirWidenedValues) {
 // Held-quantized weights refuse what they cannot hold or multiply, naming the item and value,
 // before anything is built.
 TEST(ReferenceErrors, QuantizedWeightsRefuseBadShapesAndBytes) {
-  using prepack::checkpoint::ggml_type;
+  using prepack::ggml::ggml_type;
   const std::vector<unsigned char> block(34, 0);
   EXPECT_PREPACK_ERROR(ref::quantized_matrix::from_bytes(ggml_type::q8_0, 1, 40, block.data(), 34,
                                                          "blk.3.attn_q.weight"),

@@ -69,10 +69,7 @@ struct open_options {
 
 /// Whether a model holds tensors of ggml type t as stored when asked to (a block-quantized type
 /// prepack decodes).
-inline bool holds_quantized(ggml_type t) noexcept {
-  return t != ggml_type::f32 && t != ggml_type::f16 && t != ggml_type::bf16 &&
-         dequantizable_block(t).has_value();
-}
+inline bool holds_quantized(ggml_type t) noexcept { return ggml::traits(t).quantized; }
 
 /// A loaded checkpoint: its description and its weights in the model's (semantic) form.
 struct loaded {

@@ -1011,8 +1011,8 @@ class linear {
   }
 
   // The int8 activation path: the input (scaled) quantized a row at a time, then every output
-  // row dotted in integers with every activation row (detail::int8_dot), a tile of activation
-  // rows at a time so that a thread's weight rows and the tile stay in its caches; from
+  // row dotted in integers with every activation row (ggml::kernels(type).dot_q8), a tile of
+  // activation rows at a time so that a thread's weight rows and the tile stay in its caches; from
   // int8_panel_rows rows with AVX512-VNNI, the weight rows converted once instead
   // (apply_int8_panels), the same bits. O(m in) to quantize, O(m in out) to dot; no allocation
   // once scratch has grown.
@@ -1033,8 +1033,10 @@ class linear {
     for (Eigen::Index r = 0; r < m; ++r) q.quantize_row(r, x + r * ldx);
     constexpr Eigen::Index tile = 64, chunk = int8_chunk;
     const Eigen::Index chunks = (n + chunk - 1) / chunk;
-#if PREPACK_INT8_PANEL
-    if (m >= int8_panel_rows) {
+#if PREPACK_GGML_INT8_PANEL
+    if (m >= int8_panel_rows && std::all_of(q_.begin(), q_.end(), [](const quantized_matrix& s) {
+          return ggml::kernels(s.type).int8_panel;
+        })) {
       apply_int8_panels(m, q, chunk, c, ldc, accumulate, scratch);
       return;
     }
@@ -1049,6 +1051,7 @@ class linear {
           const quantized_matrix& w = q_[sgi];
           const unsigned char* row =
               w.bytes.data() + static_cast<std::size_t>(j - q_start_[sgi]) * w.row_bytes;
+          const ggml::dot_q8_fn* dot = ggml::kernels(w.type).dot_q8;
           float y[4];
           const auto store = [&](Eigen::Index i, int rows) {
             for (int u = 0; u < rows; ++u) {
@@ -1058,20 +1061,20 @@ class linear {
           };
           Eigen::Index i = t0;
           for (; i + 4 <= t1; i += 4) {
-            detail::int8_dot<4>(w.type, row, k, q, i, y);
+            dot[3](row, k, q, i, y);
             store(i, 4);
           }
           switch (t1 - i) {
             case 3:
-              detail::int8_dot<3>(w.type, row, k, q, i, y);
+              dot[2](row, k, q, i, y);
               store(i, 3);
               break;
             case 2:
-              detail::int8_dot<2>(w.type, row, k, q, i, y);
+              dot[1](row, k, q, i, y);
               store(i, 2);
               break;
             case 1:
-              detail::int8_dot<1>(w.type, row, k, q, i, y);
+              dot[0](row, k, q, i, y);
               store(i, 1);
               break;
             default:
@@ -1082,7 +1085,7 @@ class linear {
     }
   }
 
-#if PREPACK_INT8_PANEL
+#if PREPACK_GGML_INT8_PANEL
   // apply_int8 from int8_panel_rows rows: the activations laid out 4 rows at a time, each
   // thread's `chunk` weight rows converted once (detail::int8_weight_rows), then every 4
   // activation rows by 4 of them in registers (detail::int8_tile_dot), the same bits as the

@@ -142,7 +142,7 @@ class workspace {
         const std::size_t values = mul(n, k, "int8 activations");  // k: whole 32-value blocks
         std::size_t bytes8 = add(values, values / 32 * 2 * sizeof(float), "int8 activations");
         if (detail::int8_rows::lane_sums) bytes8 = add(bytes8, values, "int8 activations");  // n4
-#if PREPACK_INT8_PANEL
+#if PREPACK_GGML_INT8_PANEL
         // from linear::int8_panel_rows rows: the rows' tiles and each thread's converted rows
         if (static_cast<Eigen::Index>(n) >= linear::int8_panel_rows) {
           const auto rows = static_cast<std::int64_t>(n), cols = static_cast<std::int64_t>(k);
