@@ -22,8 +22,8 @@ inline ref::quantized_matrix held_rows(const ref::matrix& in_out) {
   if (in_out.rows() % 32 != 0) return ref::quantized_matrix::from_fp32(in_out);
   const ref::matrix rows = in_out.transpose();  // [out][in]
   const auto bytes = q8_0_bytes(rows.data(), static_cast<std::size_t>(rows.size()));
-  return ref::quantized_matrix::from_bytes(prepack::ggml::ggml_type::q8_0, rows.rows(),
-                                           rows.cols(), bytes.data(), bytes.size(), "test");
+  return ref::quantized_matrix::from_bytes(prepack::ggml::ggml_type::q8_0, rows.rows(), rows.cols(),
+                                           bytes.data(), bytes.size(), "test");
 }
 
 // w with every projection moved into layer_weights::quantized.

@@ -332,9 +332,9 @@ inline void to_int8(const block_q3_k& b, int8_form<256>& f) noexcept {
 template <class Block>
 inline void k4_scales(const Block& b, int8_form<256>& f) noexcept {
   const float d = b.d.value(), dmin = b.dmin.value();
-  for (int j = 0; j < 8; ++j) {
+  for (std::ptrdiff_t j = 0; j < 8; ++j) {
     unsigned sc, mn;
-    scale_min_k4(j, b.scales, sc, mn);
+    scale_min_k4(static_cast<int>(j), b.scales, sc, mn);
     f.scale[2 * j] = f.scale[2 * j + 1] = d * static_cast<float>(sc);
     f.min[j] = -(dmin * static_cast<float>(mn));
   }
@@ -362,10 +362,10 @@ inline void to_int8(const block_q5_k& b, int8_form<256>& f) noexcept {
 inline void to_int8(const block_q6_k& b, int8_form<256>& f) noexcept {
   const float d = b.d.value();
   for (int g = 0; g < 16; ++g) f.scale[g] = d * static_cast<float>(as_int8(b.scales[g]));
-  for (int half_ = 0; half_ < 2; ++half_) {
+  for (std::ptrdiff_t half_ = 0; half_ < 2; ++half_) {
     const unsigned char* ql = b.ql + 64 * half_;
     const unsigned char* qh = b.qh + 32 * half_;
-    for (int qr = 0; qr < 4; ++qr) {
+    for (std::ptrdiff_t qr = 0; qr < 4; ++qr) {
       for (int l = 0; l < 32; ++l) {  // dequantize_row_q6_K's q1 .. q4
         const int byte = qr % 2 == 0 ? ql[l] : ql[l + 32];
         const int nib = qr < 2 ? byte & 0x0F : byte >> 4;
@@ -386,7 +386,7 @@ inline void to_int8(const block_iq4_nl& b, int8_form<32>& f) noexcept {
 }
 inline void to_int8(const block_iq4_xs& b, int8_form<256>& f) noexcept {
   const float d = b.d.value();
-  for (int ib = 0; ib < 8; ++ib) {
+  for (std::ptrdiff_t ib = 0; ib < 8; ++ib) {
     f.scale[2 * ib] = f.scale[2 * ib + 1] = d * static_cast<float>(scale_iq4_xs(b, ib));
     for (int j = 0; j < 16; ++j) {
       f.v[32 * ib + j] = kvalues_iq4nl[b.qs[16 * ib + j] & 0x0F];
