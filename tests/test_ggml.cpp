@@ -176,8 +176,8 @@ TEST(Ggml, Fp32DotsEqualTheDecodedRowsDotted) {
         for (int i = 0; i < m; ++i) {
           double want = 0, scale = 0;
           for (std::int64_t j = 0; j < k; ++j) {
-            want += static_cast<double>(w[j]) * a[i * lda + j];
-            scale += std::fabs(static_cast<double>(w[j]) * a[i * lda + j]);
+            want += static_cast<double>(w.data()[j]) * a.data()[i * lda + j];
+            scale += std::fabs(static_cast<double>(w.data()[j]) * a.data()[i * lda + j]);
           }
           EXPECT_NEAR(y[i], want, 1e-5 * scale + 1e-30)
               << tr.name << " " << blocks << " blocks, row " << i << " of " << m
@@ -218,10 +218,11 @@ TEST(Ggml, Int8DotsEqualTheirIntegerSums) {
             const std::int64_t b = j / 32;
             const double db = a.d[static_cast<std::size_t>(i * (k / 32) + b)];
             const double q = a.q[static_cast<std::size_t>(i * k + j)];
-            want += static_cast<double>(w[j]) * db * q;
-            scale += std::fabs(static_cast<double>(w[j]) * db * q);
-            fp32 += static_cast<double>(w[j]) * x[i * k + j];
-            bound += db / 2 * std::fabs(static_cast<double>(w[j]));
+            const double wj = w.data()[j];
+            want += wj * db * q;
+            scale += std::fabs(wj * db * q);
+            fp32 += wj * x.data()[i * k + j];
+            bound += db / 2 * std::fabs(wj);
           }
           // Types with mins (Q4_1, Q5_1, Q4_K, Q5_K) multiply them with the exact sums s_b:
           // their dots are checked against the generic kernel (VectorKernelsEqualTheGenericOnes)
@@ -253,7 +254,7 @@ void expect_vector_equals_generic(std::mt19937& rng) {
   ggml::dot_f32_generic<T, 3>(row.data(), k, a.data(), k, g);
   for (int i = 0; i < 3; ++i) {
     double scale = 0;
-    for (std::int64_t j = 0; j < k; ++j) scale += std::fabs(a[i * k + j]);
+    for (std::int64_t j = 0; j < k; ++j) scale += std::fabs(a.data()[i * k + j]);
     EXPECT_NEAR(y[i], g[i], 1e-5 * scale * 0.1) << ggml::ggml_type_name(T) << " fp32 row " << i;
   }
   if constexpr (ggml::traits(T).int8_dot) {
@@ -272,7 +273,7 @@ void expect_vector_equals_generic(std::mt19937& rng) {
   ggml::decode_blocks_generic<T, true>(
       row.data(), static_cast<std::size_t>(k / ggml::block_values<T>), exact.data());
   for (std::int64_t j = 0; j < k; ++j) {
-    ASSERT_NEAR(fast[j], exact[j], std::fabs(exact[j]) * 1.2e-7f + 1e-30f)
+    ASSERT_NEAR(fast.data()[j], exact.data()[j], std::fabs(exact.data()[j]) * 1.2e-7f + 1e-30f)
         << ggml::ggml_type_name(T) << " value " << j;
   }
 }
