@@ -118,16 +118,6 @@ struct quantized_matrix {
                                        a, lda, y);
   }
 
-  /// y[i] = row r . a_i for M (1 to 4) rows of 8-bit activations a.q + i0, where
-  /// detail::int8_dot_type(type). O(M cols).
-  template <int M>
-  void dot_row_int8(Eigen::Index r, const ggml::int8_rows& a, Eigen::Index i0,
-                    float* y) const noexcept {
-    static_assert(M >= 1 && M <= 4, "dot_row_int8: 1 to 4 activation rows");
-    ggml::kernels(type).dot_q8[M - 1](bytes.data() + static_cast<std::size_t>(r) * row_bytes, cols,
-                                      a, i0, y);
-  }
-
   /// The same rows reordered: row i of the result is row from[i] of this (a row is one output
   /// feature, whole blocks, so a permutation of features moves bytes only). Throws
   /// prepack::error for a mapping of another length or an index out of range.
