@@ -31,7 +31,7 @@
 #include "machine.hpp"
 #include "oneapi/dnnl/dnnl.hpp"
 #include "prepack/numeric.hpp"
-#include "prepack/reference/gemm.hpp"
+#include "prepack/reference/linear.hpp"
 #include "prepack/reference/quantized.hpp"
 #include "support/main.hpp"
 

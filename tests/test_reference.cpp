@@ -263,6 +263,85 @@ TEST(Reference, Bf16PathsAgreeAndFollowTheCpu) {
   }
 }
 
+// A linear layer holds one form and answers for it alone: a default one is dense fp32 with no
+// weights and multiplies nothing; a quantized one answers the dense accessors empty, and the
+// dense one the quantized accessors; both multiply as the product of what widened() returns.
+TEST(Reference, LinearHoldsOneFormAndAnswersForIt) {
+  const ref::linear none;
+  ASSERT_NE(none.dense(), nullptr);
+  EXPECT_EQ(none.dense()->held_as(), ref::dense_linear::form::plain_f32);
+  EXPECT_EQ(none.in(), 0);
+  EXPECT_EQ(none.out(), 0);
+  EXPECT_EQ(none.bytes(), 0u);
+  EXPECT_TRUE(none.quantized_segments().empty());
+  EXPECT_EQ(none.input_scale().size(), 0);
+  ref::gemm_scratch scratch;
+  float a = 1.0f, c = 7.0f;
+  for (ref::gemm_backend be : backends()) none.apply(be, 1, &a, 0, &c, 0, false, scratch);
+  EXPECT_EQ(c, 7.0f) << "a layer with no outputs wrote one";
+  // No inputs: every output is the empty sum (or what it was, accumulating).
+  for (ref::gemm_backend be : backends()) {
+    const ref::linear empty_in(ref::matrix(0, 3), false, ref::weight_type::f32, be);
+    float y[3] = {1.0f, 2.0f, 3.0f};
+    empty_in.apply(be, 1, &a, 0, y, 3, true, scratch);
+    EXPECT_EQ(y[2], 3.0f) << ref::backend_name(be);
+    empty_in.apply(be, 1, &a, 0, y, 3, false, scratch);
+    EXPECT_EQ(y[2], 0.0f) << ref::backend_name(be);
+  }
+
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  ref::matrix w(48, 64);  // [out][in]
+  for (Eigen::Index i = 0; i < w.size(); ++i) w.data()[i] = normal(rng);
+  ref::vector scale(64);
+  for (Eigen::Index i = 0; i < scale.size(); ++i) scale[i] = 0.5f + 0.01f * static_cast<float>(i);
+  // two Q8_0 segments of output rows (held_rows takes [in][out])
+  const ref::linear q(
+      std::vector<ref::quantized_matrix>{
+          test::held_rows(ref::matrix(w.topRows(16).transpose())),
+          test::held_rows(ref::matrix(w.bottomRows(32).transpose()))},
+      scale);
+  EXPECT_EQ(q.quantized_segments()[0].type, prepack::ggml::ggml_type::q8_0);
+  ASSERT_NE(q.quantized_form(), nullptr);
+  EXPECT_EQ(q.dense(), nullptr);
+  EXPECT_TRUE(q.quantized());
+  EXPECT_TRUE(q.transposed());
+  EXPECT_FALSE(q.held_by_onednn());
+  EXPECT_EQ(q.weights().size(), 0);
+  EXPECT_TRUE(q.weights_bf16().empty());
+  EXPECT_EQ(q.quantized_segments().size(), 2u);
+  EXPECT_EQ(q.input_scale(), scale);
+  EXPECT_EQ(q.in(), 64);
+  EXPECT_EQ(q.out(), 48);
+  std::size_t blocks = static_cast<std::size_t>(scale.size()) * sizeof(float);
+  for (const auto& s : q.quantized_segments()) blocks += s.bytes.size();
+  EXPECT_EQ(q.bytes(), blocks);
+  const ref::matrix wq = q.widened();  // the rows as the blocks define them
+  ASSERT_EQ(wq.rows(), 48);
+  ASSERT_EQ(wq.cols(), 64);
+  const ref::linear d(wq, true, ref::weight_type::f32);
+  EXPECT_EQ(d.quantized_segments().size(), 0u);
+  EXPECT_FALSE(d.int8_activations());
+  for (const Eigen::Index m : {Eigen::Index{1}, Eigen::Index{12}, Eigen::Index{300}}) {
+    ref::matrix x(m, 64), yq(m, 48), yd(m, 48);
+    for (Eigen::Index i = 0; i < x.size(); ++i) x.data()[i] = normal(rng);
+    const ref::matrix xs = x * scale.asDiagonal();
+    q.apply(ref::gemm_backend::eigen, m, x.data(), 64, yq.data(), 48, false, scratch);
+    d.apply(ref::gemm_backend::eigen, m, xs.data(), 64, yd.data(), 48, false, scratch);
+    const Eigen::MatrixXd want = xs.cast<double>() * wq.cast<double>().transpose();
+    const Eigen::MatrixXd size =
+        xs.cast<double>().cwiseAbs() * wq.cast<double>().cwiseAbs().transpose();
+    for (Eigen::Index r = 0; r < m; ++r) {
+      for (Eigen::Index j = 0; j < 48; ++j) {
+        EXPECT_NEAR(yq(r, j), want(r, j), 1e-5 * size(r, j))
+            << m << " rows, row " << r << ", output " << j;
+        EXPECT_NEAR(yd(r, j), want(r, j), 1e-5 * size(r, j))
+            << m << " rows, row " << r << ", output " << j;
+      }
+    }
+  }
+}
+
 // The bf16 speed probe reports what it measured and how bf16 ran (the path bf16_path names),
 // never a speed it did not time, and refuses a shape or repeat count it cannot time, naming the
 // value. Its speeds are not asserted: they are this CPU's, which is the point.
@@ -327,6 +406,16 @@ TEST(Reference, LinearOnEveryLayoutAndBackendEqualsTheProduct) {
           EXPECT_EQ(L.weights().size(), b16 ? 0 : w.size()) << "a bf16 layer kept an fp32 copy";
           EXPECT_EQ(L.weights_bf16().size(), b16 ? size : 0);
         }
+        // One form, the dense one, in the state its accessors describe.
+        ASSERT_NE(L.dense(), nullptr);
+        EXPECT_EQ(L.quantized_form(), nullptr);
+        EXPECT_FALSE(L.quantized());
+        EXPECT_EQ(L.type(), type);
+        EXPECT_EQ(L.dense()->held_as(), L.held_by_onednn() ? ref::dense_linear::form::onednn
+                                        : b16              ? ref::dense_linear::form::plain_bf16
+                                                           : ref::dense_linear::form::plain_f32);
+        EXPECT_EQ(L.in(), k);
+        EXPECT_EQ(L.out(), n);
         // What it holds is the weights, rounded once for bf16, wherever they live.
         const ref::matrix held = L.widened();
         ASSERT_EQ(held.rows(), w.rows());

@@ -11,6 +11,7 @@
 #include "reference/decode.hpp"
 #include "reference/gemm.hpp"
 #include "reference/kv_pool.hpp"
+#include "reference/linear.hpp"
 #include "reference/matrix.hpp"
 #include "reference/model.hpp"
 #include "reference/run.hpp"

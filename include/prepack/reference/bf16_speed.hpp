@@ -16,6 +16,7 @@
 
 #include "../error.hpp"
 #include "gemm.hpp"
+#include "linear.hpp"
 #include "matrix.hpp"
 #include "workspace.hpp"
 

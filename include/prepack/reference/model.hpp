@@ -50,6 +50,7 @@
 #include "detail/ops.hpp"
 #include "gemm.hpp"
 #include "kv_pool.hpp"
+#include "linear.hpp"
 #include "matrix.hpp"
 #include "weights.hpp"
 #include "workspace.hpp"

@@ -24,6 +24,7 @@
 #include "attention.hpp"
 #include "detail/ops.hpp"
 #include "gemm.hpp"
+#include "linear.hpp"
 #include "matrix.hpp"
 #include "weights.hpp"
 
