@@ -156,13 +156,15 @@ TEST(Ggml, Int8FormsAreTheExactDecoding) {
 }
 
 // Every type's fp32 dot (the table's entry: the vector kernel where built) at 1 to 4 rows, on
-// rows of 1, an odd number and many blocks, against the exact decoding dotted in double.
+// rows of 1, an odd number and many blocks (19: past 8, where the int8 dots' 8 chains of mins
+// wrap around, and 4-block steps followed by a pair and a single block), against the exact
+// decoding dotted in double.
 TEST(Ggml, Fp32DotsEqualTheDecodedRowsDotted) {
   std::mt19937 rng(11);
   std::normal_distribution<float> normal;
   for (ggml_type t : quantized_types()) {
     const auto& tr = ggml::traits(t);
-    for (std::int64_t blocks : {1, 3, 8}) {
+    for (std::int64_t blocks : {1, 3, 8, 19}) {
       const std::int64_t k = blocks * tr.block_values;
       const auto row = random_row(t, k, rng);
       std::vector<float> w(static_cast<std::size_t>(k));
@@ -197,7 +199,7 @@ TEST(Ggml, Int8DotsEqualTheirIntegerSums) {
   for (ggml_type t : quantized_types()) {
     const auto& tr = ggml::traits(t);
     if (!tr.int8_dot) continue;
-    for (std::int64_t blocks : {1, 3, 8}) {
+    for (std::int64_t blocks : {1, 3, 8, 19}) {
       const std::int64_t k = blocks * tr.block_values;
       const auto row = random_row(t, k, rng);
       std::vector<float> w(static_cast<std::size_t>(k));
@@ -245,17 +247,23 @@ TEST(Ggml, Int8DotsEqualTheirIntegerSums) {
 template <ggml_type T>
 void expect_vector_equals_generic(std::mt19937& rng) {
   std::normal_distribution<float> normal;
-  const std::int64_t k = 5 * ggml::block_values<T> < 64 ? 160 : 5 * ggml::block_values<T>;
+  // 19 32-value blocks: past the int8 dots' 8 chains of mins, and 4-block steps followed by a
+  // pair and a single block; 5 blocks of 256
+  const std::int64_t k = ggml::block_values<T> == 32 ? 19 * 32 : 5 * ggml::block_values<T>;
   const auto row = random_row(T, k, rng);
   std::vector<float> a(static_cast<std::size_t>(3 * k));
   for (float& x : a) x = normal(rng);
   float y[3], g[3];
   ggml::kernels(T).dot_f32[2](row.data(), k, a.data(), k, y);
   ggml::dot_f32_generic<T, 3>(row.data(), k, a.data(), k, g);
+  std::vector<float> w(static_cast<std::size_t>(k));
+  ggml::decode_blocks_generic<T, true>(
+      row.data(), static_cast<std::size_t>(k / ggml::block_values<T>), w.data());
   for (int i = 0; i < 3; ++i) {
+    // the two differ only in the order of their fp32 roundings: far within 1e-6 of sum |w a|
     double scale = 0;
-    for (std::int64_t j = 0; j < k; ++j) scale += std::fabs(a.data()[i * k + j]);
-    EXPECT_NEAR(y[i], g[i], 1e-5 * scale * 0.1) << ggml::ggml_type_name(T) << " fp32 row " << i;
+    for (std::int64_t j = 0; j < k; ++j) scale += std::fabs(w.data()[j] * a.data()[i * k + j]);
+    EXPECT_NEAR(y[i], g[i], 1e-6 * scale) << ggml::ggml_type_name(T) << " fp32 row " << i;
   }
   if constexpr (ggml::traits(T).int8_dot) {
     ggml::int8_rows q;
