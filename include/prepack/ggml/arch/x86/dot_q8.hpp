@@ -57,7 +57,6 @@ struct int8_rows512 {
   const std::int32_t* an[M];
 #endif
   __m512 acc[M];
-  float tails[M][8];  // Q4_1's and Q4_K's mins times the blocks' sums (int8_tail)
 
   int8_rows512(const int8_rows& a, std::int64_t i0) noexcept {
     for (int i = 0; i < M; ++i) {
@@ -68,7 +67,6 @@ struct int8_rows512 {
       an[i] = a.n4.data() + (i0 + i) * (a.cols / 4);
 #endif
       acc[i] = _mm512_setzero_ps();
-      for (float& t : tails[i]) t = 0.0f;
     }
   }
   // Row i's activation blocks b and b + 1 (b's alone, the rest zero, where `one`).
@@ -134,12 +132,15 @@ struct int8_rows512 {
     for (int i = 0; i < M; ++i) s[i] = _mm_mul_ps(d, _mm_loadu_ps(ad[i] + b));
   }
 #endif
-  void sum(float* y) const noexcept {
+  // y[i]: the accumulators summed, plus the mins' terms (int8_tail) of the types that have them
+  // (tails[i][b % 8]: a local array of the kernel's, not a member, so that its stores at run-time
+  // indices cannot alias the accumulators and keep them out of registers).
+  void sum(float* y, const float (*tails)[8] = nullptr) const noexcept {
     for (int i = 0; i < M; ++i) {
       const __m512d v = _mm512_castps_pd(acc[i]);
       const __m256 lo = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, v, 0));
       const __m256 hi = _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, v, 1));
-      y[i] = int8_sum(_mm256_add_ps(lo, hi)) + detail::int8_tail(tails[i]);
+      y[i] = int8_sum(_mm256_add_ps(lo, hi)) + (tails ? detail::int8_tail(tails[i]) : 0.0f);
     }
   }
 };
@@ -267,6 +268,7 @@ __attribute__((flatten)) void dot_q8_512_q5_0_q5_1(const unsigned char* p, std::
                                                    float* y) noexcept {
   static_assert(T == ggml_type::q5_0 || T == ggml_type::q5_1);
   int8_rows512<M> r(a, i0);
+  float tails[M][8] = {};  // the mins times the blocks' sums (int8_tail)
   const std::int64_t nb = k / 32;
   constexpr bool q51 = T == ggml_type::q5_1;
   const auto values = [&](const unsigned char* q) {
@@ -285,10 +287,10 @@ __attribute__((flatten)) void dot_q8_512_q5_0_q5_1(const unsigned char* p, std::
                     for (std::int64_t e = b; e < b + (one ? 1 : 2); ++e) {
                       const float m = fp16(block_at<block_q5_1>(e == b ? q0 : q1).m.b);
                       for (int i = 0; i < M; ++i)
-                        r.tails[i][e % 8] = std::fma(m, r.as[i][e], r.tails[i][e % 8]);
+                        tails[i][e % 8] = std::fma(m, r.as[i][e], tails[i][e % 8]);
                     }
                   });
-  r.sum(y);
+  r.sum(y, tails);
 }
 
 /// IQ4_NL: the indices looked up as int8 kvalues_iq4nl, then as Q8_0.
@@ -336,10 +338,11 @@ __attribute__((flatten)) void dot_q8_512_q4_1(const unsigned char* p, std::int64
                                               const int8_rows& a, std::int64_t i0,
                                               float* y) noexcept {
   int8_rows512<M> r(a, i0);
+  float tails[M][8] = {};  // the mins times the blocks' sums (int8_tail)
   const std::int64_t nb = k / 32;
   const auto mins = [&](const unsigned char* q, std::int64_t b) {
     const float m = fp16(block_at<block_q4_1>(q).m.b);
-    for (int i = 0; i < M; ++i) r.tails[i][b % 8] = std::fma(m, r.as[i][b], r.tails[i][b % 8]);
+    for (int i = 0; i < M; ++i) tails[i][b % 8] = std::fma(m, r.as[i][b], tails[i][b % 8]);
   };
   std::int64_t b0 = 0;
 #if defined(__AVX512VBMI__)
@@ -364,8 +367,8 @@ __attribute__((flatten)) void dot_q8_512_q4_1(const unsigned char* p, std::int64
     }
   });
   for (int i = 0; i < M; ++i) {
-    _mm_storeu_ps(r.tails[i], t[i][0]);
-    _mm_storeu_ps(r.tails[i] + 4, t[i][1]);
+    _mm_storeu_ps(tails[i], t[i][0]);
+    _mm_storeu_ps(tails[i] + 4, t[i][1]);
   }
 #endif
   for_block_pairs(p, nb, sizeof(block_q4_1), b0,
@@ -376,7 +379,7 @@ __attribute__((flatten)) void dot_q8_512_q4_1(const unsigned char* p, std::int64
                     mins(q0, b);
                     if (!one) mins(q1, b + 1);
                   });
-  r.sum(y);
+  r.sum(y, tails);
 }
 
 /// Q4_K and Q5_K.
@@ -386,6 +389,7 @@ __attribute__((flatten)) void dot_q8_512_q4_k_q5_k(const unsigned char* p, std::
                                                    float* y) noexcept {
   static_assert(T == ggml_type::q4_k || T == ggml_type::q5_k);
   int8_rows512<M> r(a, i0);
+  float tails[M][8] = {};  // the mins times the blocks' sums (int8_tail)
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   // Q5_K: Q4_K's scales and nibbles (after 32 bytes of fifth bits: bit j of byte l is value
   // l's of sub-block j), each value its nibble + 16 where that bit is set
@@ -432,9 +436,9 @@ __attribute__((flatten)) void dot_q8_512_q4_k_q5_k(const unsigned char* p, std::
   }
   for (int i = 0; i < M; ++i) {
     _mm256_storeu_ps(
-        r.tails[i], _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(t[i]), 1)));
+        tails[i], _mm256_castpd_ps(_mm512_maskz_extractf64x4_pd(0xF, _mm512_castps_pd(t[i]), 1)));
   }
-  r.sum(y);
+  r.sum(y, tails);
 }
 
 /// Q3_K.
@@ -532,7 +536,6 @@ struct int8_rows256 {
   const float* ad[M];
   const float* as[M];
   __m256 acc[M][2];
-  float tails[M][8];  // Q4_1's and Q4_K's mins times the blocks' sums (int8_tail)
 
   int8_rows256(const int8_rows& a, std::int64_t i0) noexcept {
     for (int i = 0; i < M; ++i) {
@@ -540,7 +543,6 @@ struct int8_rows256 {
       ad[i] = a.d.data() + (i0 + i) * (a.cols / 32);
       as[i] = a.s.data() + (i0 + i) * (a.cols / 32);
       acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-      for (float& t : tails[i]) t = 0.0f;
     }
   }
   __m256i act(int i, std::int64_t b) const noexcept {
@@ -580,14 +582,17 @@ struct int8_rows256 {
   }
   // Q4_K's mins against the blocks' exact sums (int8_tail), one rounding per term whatever M
   // (a contracted or split a * b + c would differ between instantiations).
-  void q4k_mins(std::int64_t sb, const float (&dmn)[8]) noexcept {
+  void q4k_mins(std::int64_t sb, const float (&dmn)[8], float (&tails)[M][8]) const noexcept {
     for (int i = 0; i < M; ++i) {
       for (int j = 0; j < 8; ++j) tails[i][j] = std::fma(-dmn[j], as[i][sb * 8 + j], tails[i][j]);
     }
   }
-  void sum(float* y) const noexcept {
+  // y[i]: the accumulators summed, plus the mins' terms (int8_tail) of the types that have them
+  // (a local array of the kernel's, as int8_rows512::sum says).
+  void sum(float* y, const float (*tails)[8] = nullptr) const noexcept {
     for (int i = 0; i < M; ++i) {
-      y[i] = int8_sum(_mm256_add_ps(acc[i][0], acc[i][1])) + detail::int8_tail(tails[i]);
+      y[i] = int8_sum(_mm256_add_ps(acc[i][0], acc[i][1])) +
+             (tails ? detail::int8_tail(tails[i]) : 0.0f);
     }
   }
 };
@@ -671,14 +676,15 @@ template <int M>
 void dot_q8_256_q5_1(const unsigned char* p, std::int64_t k, const int8_rows& a, std::int64_t i0,
                      float* y) noexcept {
   int8_rows256<M> r(a, i0);
+  float tails[M][8] = {};  // the mins times the blocks' sums (int8_tail)
   two_blocks_a_step(
       p, k / 32, sizeof(block_q5_1), [&](const unsigned char* q, std::int64_t b, auto u_acc) {
         r.unsigned_block(q5_values32(block_at<block_q5_1>(q).qh, block_at<block_q5_1>(q).qs), b,
                          fp16(q), u_acc);
         const float mw = fp16(block_at<block_q5_1>(q).m.b);
-        for (int i = 0; i < M; ++i) r.tails[i][b % 8] = std::fma(mw, r.as[i][b], r.tails[i][b % 8]);
+        for (int i = 0; i < M; ++i) tails[i][b % 8] = std::fma(mw, r.as[i][b], tails[i][b % 8]);
       });
-  r.sum(y);
+  r.sum(y, tails);
 }
 
 /// IQ4_NL and IQ4_XS: the indices looked up as int8 kvalues_iq4nl, then as Q8_0.
@@ -702,14 +708,15 @@ template <int M>
 void dot_q8_256_q4_1(const unsigned char* p, std::int64_t k, const int8_rows& a, std::int64_t i0,
                      float* y) noexcept {
   int8_rows256<M> r(a, i0);
+  float tails[M][8] = {};  // the mins times the blocks' sums (int8_tail)
   two_blocks_a_step(p, k / 32, sizeof(block_q4_1),
                     [&](const unsigned char* q, std::int64_t b, auto u_acc) {
                       r.unsigned_block(nibbles256(block_at<block_q4_1>(q).qs), b, fp16(q), u_acc);
                       const float mw = fp16(block_at<block_q4_1>(q).m.b);
                       for (int i = 0; i < M; ++i)
-                        r.tails[i][b % 8] = std::fma(mw, r.as[i][b], r.tails[i][b % 8]);
+                        tails[i][b % 8] = std::fma(mw, r.as[i][b], tails[i][b % 8]);
                     });
-  r.sum(y);
+  r.sum(y, tails);
 }
 
 /// Q4_K and Q5_K.
@@ -718,6 +725,7 @@ void dot_q8_256_q4_k_q5_k(const unsigned char* p, std::int64_t k, const int8_row
                           std::int64_t i0, float* y) noexcept {
   static_assert(T == ggml_type::q4_k || T == ggml_type::q5_k);
   int8_rows256<M> r(a, i0);
+  float tails[M][8] = {};  // the mins times the blocks' sums (int8_tail)
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   // Q5_K: Q4_K's scales and nibbles after 32 bytes of fifth bits (bit j of byte l: value
   // l's of sub-block j), each value its nibble + 16 where that bit is set
@@ -744,9 +752,9 @@ void dot_q8_256_q4_k_q5_k(const unsigned char* p, std::int64_t k, const int8_row
       r.unsigned_block(lo, b, dsc[2 * c], even{});
       r.unsigned_block(hi, b + 1, dsc[2 * c + 1], odd{});
     }
-    r.q4k_mins(sb, dmn);
+    r.q4k_mins(sb, dmn, tails);
   }
-  r.sum(y);
+  r.sum(y, tails);
 }
 
 /// Q3_K.
