@@ -41,6 +41,7 @@ checked against the model's vocabulary before anything runs on the device.
 from __future__ import annotations
 
 import inspect
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -126,6 +127,30 @@ def _target(model) -> _Target:
     if "position_ids" not in params:
         raise ValueError(f"{name}: its forward takes no position_ids, so prompts cannot restart "
                          f"at position 0 inside a row")
+    for path, module in model.named_modules():
+        # RoBERTa-style embeddings (fairseq's make_positions): alone, a prompt's positions start
+        # at padding_idx + 1 and skip tokens equal to the padding index.
+        if hasattr(module, "create_position_ids_from_input_ids"):
+            raise ValueError(f"{name} ({model_type}): {path} counts positions from the padding "
+                             f"index in the token ids, not from position ids starting at 0")
+    if "past_key_values" not in params:
+        raise ValueError(f"{name}: its forward takes no past_key_values (it keeps no KV cache "
+                         f"and builds its own causal mask), so prompts cannot share a row")
+    for i, layer in enumerate(_decoder_layers(model)):
+        # An encoder used as a decoder (BERT, RoBERTa, ... without is_decoder=True) attends both
+        # ways; transformers marks each attention module's direction with is_causal.
+        bidirectional = [p for p, m in layer.named_modules()
+                         if getattr(m, "is_causal", None) is False]
+        if bidirectional:
+            raise ValueError(f"{name}: layer {i}'s {bidirectional[0]} attends both ways "
+                             f"(is_causal False; an encoder without is_decoder=True?), so "
+                             f"prompts cannot share a row")
+        # Recurrent and state-space blocks (RecurrentGemma, Mamba, LFM2's short convolutions)
+        # carry a convolution over the sequence from one prompt into the next.
+        convs = [p for p, m in layer.named_modules() if isinstance(m, torch.nn.Conv1d)]
+        if convs:
+            raise ValueError(f"{name}: layer {i}'s {convs[0]} is a convolution over the "
+                             f"sequence, so prompts cannot share a row")
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     layer_types, layer_kwargs = get_layer_types_and_kwargs(cfg)
@@ -142,6 +167,26 @@ def _target(model) -> _Target:
     device = emb.weight.device if hasattr(emb, "weight") else model.device
     return _Target(kernel=_KERNELS[impl], impl=impl, dtype=_dtype(model), device=device,
                    vocab_size=int(vocab), layer_types=list(layer_types), windows=windows)
+
+
+def _integer(name: str, value, minimum: int, below: Optional[int] = None) -> int:
+    """value as an int: a Python, numpy or 0-d torch integer (not a bool) in [minimum, below);
+    TypeError / ValueError naming the argument and its value otherwise."""
+    try:
+        if isinstance(value, (bool, np.bool_)):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: {value!r} is not an integer") from None
+    if v < minimum:
+        raise ValueError(f"{name} {v} (at least {minimum})")
+    if below is not None and v >= below:
+        raise ValueError(f"{name} {v} is outside the vocabulary ({below})")
+    return v
+
+
+def _capacity(capacity) -> Optional[int]:
+    return None if capacity is None else _integer("capacity", capacity, 1)
 
 
 def _dtype(model) -> torch.dtype:
@@ -179,6 +224,9 @@ def as_prompts(prompts, *, attention_mask=None, tokenizer=None,
 
 
 def _as_prompts(prompts, attention_mask, tokenizer) -> _prepack.Prompts:
+    if prompts is None:
+        raise TypeError("prompts: None; token-id sequences, a BatchEncoding, padded input_ids "
+                        "with attention_mask, or texts with tokenizer= expected")
     if isinstance(prompts, _prepack.Prompts):
         if attention_mask is not None:
             raise ValueError("attention_mask: prompts given as prepack.Prompts have no pads")
@@ -343,15 +391,22 @@ def pack_inputs(model, prompts, *, capacity: Optional[int] = None, method: str =
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)
-    batch = _pack(t, ps, capacity, method)
+    batch = _pack(t, ps, _capacity(capacity), method)
     return batch, _model_inputs(t, batch)
 
 
 def _decoder_layers(model) -> List[torch.nn.Module]:
-    """The model's decoder layers: its first ModuleList of as many modules as the config has
-    layers (none found: no progress ticks)."""
+    """The model's decoder layers: the first ModuleList of its decoder (transformers'
+    get_decoder(): the language model of a multimodal one) with as many modules as the config
+    has layers; none found: []."""
     n = getattr(_text_config(model), "num_hidden_layers", None)
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    get = getattr(model, "get_decoder", None)
+    try:
+        decoder = get() if get is not None else model
+    except (AttributeError, NotImplementedError):
+        decoder = model
+    decoder = decoder if isinstance(decoder, torch.nn.Module) else model
+    lists = [m for m in decoder.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
     return list(lists[0]) if lists else []
 
 
@@ -606,6 +661,8 @@ def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optiona
     if cache not in ("batch", "prompts", None):
         raise ValueError(f"cache: {cache!r}, expected 'batch', 'prompts' or None")
     t = _target(model)
+    capacity = _capacity(capacity)
+    pad_token_id = _integer("pad_token_id", pad_token_id, 0, t.vocab_size)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)
     batch = _pack(t, ps, capacity, method)
@@ -629,6 +686,7 @@ def padded_prefill(model, prompts, *, pad_token_id: int = 0, attention_mask=None
     position ids from it, as ``model.generate`` prefills a batch; logits of the last slot only.
     Returns the model's own batch cache with its input_ids and attention_mask."""
     t = _target(model)
+    pad_token_id = _integer("pad_token_id", pad_token_id, 0, t.vocab_size)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)
     tokens, lengths = ps.flat()
@@ -693,7 +751,10 @@ def score(model, sequences, n_targets, *, capacity: Optional[int] = None, method
     ps = as_prompts(sequences, vocab_size=t.vocab_size)
     tokens, lengths = ps.flat()
     n = len(lengths)
-    k = np.asarray(n_targets, dtype=np.int64)
+    k = np.asarray(n_targets)
+    if k.dtype == np.bool_ or not np.issubdtype(k.dtype, np.integer):
+        raise TypeError(f"n_targets: {k.dtype} values, integers expected")
+    k = k.astype(np.int64)
     if k.ndim == 0:
         k = np.full(n, int(k), np.int64)
     if k.shape != (n,):
@@ -703,8 +764,9 @@ def score(model, sequences, n_targets, *, capacity: Optional[int] = None, method
         i = int(bad[0])
         raise ValueError(f"sequence {i}: {int(k[i])} targets of {int(lengths[i])} tokens "
                          f"(at least 1, and at least one token before them)")
-    if batch_rows is not None and batch_rows < 1:
-        raise ValueError(f"batch_rows {batch_rows} (at least 1)")
+    if batch_rows is not None:
+        batch_rows = _integer("batch_rows", batch_rows, 1)
+    capacity = _capacity(capacity)
     if capacity is not None and int(lengths.max()) - 1 > capacity:
         i = int(np.argmax(lengths))
         raise ValueError(f"sequence {i}: its input of {int(lengths[i]) - 1} tokens exceeds "
@@ -828,20 +890,21 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)
     if max_new_tokens is not None:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens {max_new_tokens} (at least 1)")
-        generate_kwargs["max_new_tokens"] = max_new_tokens
+        generate_kwargs["max_new_tokens"] = _integer("max_new_tokens", max_new_tokens, 1)
+    capacity = _capacity(capacity)
+    decode_batches = _integer("decode_batches", decode_batches, 1)
     config, _ = model._prepare_generation_config(generate_kwargs.pop("generation_config", None),
                                                  **dict(generate_kwargs))
-    n_batches = min(int(decode_batches), len(ps))
-    if decode_batches < 1:
-        raise ValueError(f"decode_batches {decode_batches} (at least 1)")
+    n_batches = min(decode_batches, len(ps))
     if n_batches > 1 and (config.return_dict_in_generate or generate_kwargs.get("streamer")):
         raise ValueError(f"decode_batches {decode_batches}: return_dict_in_generate and streamers "
                          f"take one batch (decode_batches=1)")
     if tokenizer is not None:
         generate_kwargs.setdefault("tokenizer", tokenizer)
-    expand = max(int(config.num_beams or 1), int(config.num_return_sequences or 1))
+    # generate expands the prompts (and so must the cache) num_beams times under beam search,
+    # num_return_sequences times otherwise; it returns num_return_sequences per prompt.
+    returned = int(config.num_return_sequences or 1)
+    expand = max(int(config.num_beams or 1), returned)
     pad_id = config.pad_token_id
     if pad_id is None:
         eos = config.eos_token_id
@@ -893,7 +956,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
                 return result
             new = _new_tokens(result, columns, config, generate_kwargs)
             for j, i in enumerate(g):
-                out[i] = new[j * expand:(j + 1) * expand]
+                out[i] = new[j * returned:(j + 1) * returned]
     finally:
         if bar is not None:
             bar.bar.close()

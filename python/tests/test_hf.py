@@ -241,14 +241,15 @@ def test_generate_arguments_as_model_generate_takes_them():
         assert len(got) == len(prompts) * n_seq
     assert any(g[0] != w[0] for g, w in zip(got[::3], greedy))  # the first token was sampled
 
-    # Several decode batches: each sequence where it is alone, returned in the prompts' order.
-    got = hf.generate(m, prompts, 4, num_beams=2, num_return_sequences=2, decode_batches=4,
+    # Several decode batches: each sequence where it is alone, returned in the prompts' order
+    # (more beams than returned sequences: the cache holds 3 rows a prompt, the output 2).
+    got = hf.generate(m, prompts, 4, num_beams=3, num_return_sequences=2, decode_batches=4,
                       do_sample=False)
     assert len(got) == 2 * len(prompts)
     for i, p in enumerate(prompts):
         ids = torch.tensor([p])
         want = m.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0,
-                          max_new_tokens=4, num_beams=2, num_return_sequences=2, do_sample=False)
+                          max_new_tokens=4, num_beams=3, num_return_sequences=2, do_sample=False)
         assert got[2 * i:2 * i + 2] == want[:, len(p):].tolist()
     with pytest.raises(ValueError, match="return_dict_in_generate and streamers take one batch"):
         hf.generate(m, prompts, 2, decode_batches=2, return_dict_in_generate=True)
@@ -350,6 +351,24 @@ def test_inputs_as_users_have_them():
         hf.prefill(m, [[1]], cache="all")
     with pytest.raises(ValueError, match="max_new_tokens 0"):
         hf.generate(m, [[1]], 0)
+    # Sizes and ids that are not integers, or out of range, are named before anything runs.
+    with pytest.raises(TypeError, match="prompts: None;"):
+        hf.prefill(m, None)
+    with pytest.raises(TypeError, match="capacity: 2.5 is not an integer"):
+        hf.prefill(m, [[1, 2]], capacity=2.5)
+    with pytest.raises(ValueError, match=r"capacity 0 \(at least 1\)"):
+        hf.generate(m, [[1, 2]], 2, capacity=0)
+    with pytest.raises(ValueError, match=rf"pad_token_id {VOCAB} is outside the vocabulary"):
+        hf.prefill(m, [[1, 2]], pad_token_id=VOCAB)
+    with pytest.raises(ValueError, match=r"pad_token_id -1 \(at least 0\)"):
+        hf.padded_prefill(m, [[1, 2]], pad_token_id=-1)
+    with pytest.raises(TypeError, match="decode_batches: 1.5 is not an integer"):
+        hf.generate(m, [[1, 2]], 2, decode_batches=1.5)
+    with pytest.raises(TypeError, match="n_targets: float64 values, integers expected"):
+        hf.score(m, [[1, 2, 3]], 1.5)
+    with pytest.raises(ValueError, match=r"batch_rows 0 \(at least 1\)"):
+        hf.score(m, [[1, 2, 3]], 1, batch_rows=0)
+    assert hf.prefill(m, [[1, 2]], capacity=np.int64(4), cache=None).batch.width == 4
 
 
 def test_models_that_cannot_be_packed_are_refused_by_name():
@@ -365,6 +384,27 @@ def test_models_that_cannot_be_packed_are_refused_by_name():
         vocab_size=VOCAB, hidden_size=32, n_layer=1, n_head=2)).eval()
     with pytest.raises(ValueError, match=r"BloomForCausalLM \(bloom\): ALiBi derives positions"):
         hf.prefill(bloom, [[1, 2, 3]])
+
+    # An encoder as a causal LM: bidirectional unless is_decoder=True; RoBERTa's positions start
+    # at the padding index + 1 whatever position ids say.
+    small = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2)
+    bert = transformers.BertLMHeadModel(transformers.BertConfig(**small)).eval()
+    with pytest.raises(ValueError, match=r"BertLMHeadModel: layer 0's attention.self attends "
+                                         r"both ways \(is_causal False"):
+        hf.prefill(bert, [[1, 2, 3]])
+    bert = transformers.BertLMHeadModel(transformers.BertConfig(**small, is_decoder=True)).eval()
+    prompts = heavy_prompts(5, seed=8)
+    got = hf.prefill(bert, prompts, cache=None).logits
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            want = bert(input_ids=torch.tensor([p])).logits[0, -1]
+        assert (got[i] - want).abs().max().item() <= 1e-4 * scale_of(want)
+    roberta = transformers.RobertaForCausalLM(transformers.RobertaConfig(
+        **small, is_decoder=True, max_position_embeddings=64)).eval()
+    with pytest.raises(ValueError, match=r"RobertaForCausalLM \(roberta\): roberta.embeddings "
+                                         r"counts positions from the padding index"):
+        hf.prefill(roberta, [[3, 4, 5]])
 
 
 def test_block_mask_equals_torch_create_block_mask():
