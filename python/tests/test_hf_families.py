@@ -1,9 +1,10 @@
 """Every causal LM family transformers has, prepacked: a small random model of each, built from
 the family's own config class, either gives every prompt's last-token logits equal to running
-the prompt alone (eager and sdpa, fp32), or is refused with a ValueError that names the model.
-Never silently wrong, never another exception.
+the prompt alone (eager and sdpa, fp32) and greedy tokens equal to model.generate on the prompt
+alone, or is refused with a ValueError that names the model. Never silently wrong, never another
+exception.
 
-Some 180 families, about 25 s on 2 cores: the models are tiny. Families whose small config
+Some 180 families, about 35 s on 2 cores: the models are tiny. Families whose small config
 transformers itself cannot build or run alone (a nested multimodal config, a field the generic
 sizes do not fit) are skipped, with transformers' error as the reason. PREPACK_HF_FAMILIES=
 llama,gemma2 picks some."""
@@ -107,3 +108,15 @@ def test_family_is_exact_or_refused_by_name(model_type):
             pytest.xfail(f"{name}: its config's sliding_window is not applied by its attention")
         assert worst <= 1e-4 * scale, f"{name} under {impl}: {worst / scale:.1e} of the scale"
         report(f"{model_type}: {impl} {worst / scale:.0e} of the scale")
+    # Greedy generation: one packed prefill, then model.generate over the left-padded batch (one
+    # batch, and three by length), token for token as model.generate on each prompt alone.
+    m.generation_config.pad_token_id = 0
+    alone = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                         do_sample=False, eos_token_id=None)
+        alone.append(out[0, len(p):].tolist())
+    for k in (1, 3):
+        got = hf.generate(m, prompts, 4, do_sample=False, eos_token_id=None, decode_batches=k)
+        assert got == alone, f"{name} under {impl}, {k} decode batches"
