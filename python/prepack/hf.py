@@ -78,6 +78,12 @@ _SUPPORT_FLAGS = {
 }
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _FLEX_BLOCK = 128  # FlexAttention's default block size
+# Families whose transformers code does not take a BlockMask as its attention_mask.
+_NO_BLOCK_MASK = {
+    "doge": "its dynamic mask attention builds its own mask and drops a BlockMask",
+    "lfm2": "its forward builds the convolution layers' mask from attention_mask's dimensions",
+    "lfm2_moe": "its forward builds the convolution layers' mask from attention_mask's dimensions",
+}
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -119,6 +125,9 @@ def _target(model) -> _Target:
     if not getattr(cfg, "is_causal", True) or getattr(cfg, "use_bidirectional_attention", False):
         raise ValueError(f"{name}: its attention is not causal, so prompts cannot share a row")
     model_type = getattr(cfg, "model_type", "")
+    if impl == "flex_attention" and model_type in _NO_BLOCK_MASK:
+        raise ValueError(f"{name} ({model_type}) under flex_attention: {_NO_BLOCK_MASK[model_type]}; "
+                         f"load it with attn_implementation 'sdpa' or 'eager'")
     if model_type in ("bloom", "mpt") or getattr(cfg, "alibi", False):
         raise ValueError(
             f"{name} ({model_type}): ALiBi derives positions from the attention mask, not from "
