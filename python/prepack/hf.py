@@ -126,8 +126,9 @@ def _target(model) -> _Target:
         raise ValueError(f"{name}: its attention is not causal, so prompts cannot share a row")
     model_type = getattr(cfg, "model_type", "")
     if impl == "flex_attention" and model_type in _NO_BLOCK_MASK:
-        raise ValueError(f"{name} ({model_type}) under flex_attention: {_NO_BLOCK_MASK[model_type]}; "
-                         f"load it with attn_implementation 'sdpa' or 'eager'")
+        raise ValueError(f"{name} ({model_type}) under flex_attention: "
+                         f"{_NO_BLOCK_MASK[model_type]}; load it with attn_implementation 'sdpa' "
+                         f"or 'eager'")
     if model_type in ("bloom", "mpt") or getattr(cfg, "alibi", False):
         raise ValueError(
             f"{name} ({model_type}): ALiBi derives positions from the attention mask, not from "
@@ -663,9 +664,12 @@ def prefill(model, prompts, *, cache: Optional[str] = "batch", capacity: Optiona
     Cost: the forward pass over n_rows * width slots (about the prompts' total), the mask
     (module docstring), and per layer one gather of n_prompts * longest (batch) or total tokens
     (prompts) K and V rows on the model's device; the packed rows' cache of a layer is freed as
-    soon as it is gathered. progress: a tqdm bar over the decoder layers. ValueError for an empty prompt, a token outside the vocabulary, a
-    capacity below a prompt, a cache form other than the three, or a model prepack cannot pack
-    (an error naming it).
+    soon as it is gathered. progress: a tqdm bar over the decoder layers.
+
+    ValueError for an empty prompt, a token outside the vocabulary, a capacity below a prompt or
+    below 1, a pad_token_id outside the vocabulary, a cache form other than the three, or a model
+    prepack cannot pack (an error naming it); TypeError for a capacity or pad_token_id that is not
+    an integer.
     """
     if cache not in ("batch", "prompts", None):
         raise ValueError(f"cache: {cache!r}, expected 'batch', 'prompts' or None")

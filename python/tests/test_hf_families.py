@@ -1,8 +1,8 @@
 """Every causal LM family transformers has, prepacked: a small random model of each, built from
 the family's own config class, either gives every prompt's last-token logits equal to running
-the prompt alone (eager, sdpa and flex_attention where the family supports it, fp32) and greedy tokens equal to model.generate on the prompt
-alone, or is refused with a ValueError that names the model. Never silently wrong, never another
-exception.
+the prompt alone (eager, sdpa and flex_attention where the family supports them, fp32) and
+greedy tokens equal to model.generate on the prompt alone, or is refused with a ValueError that
+names the model. Never silently wrong, never another exception.
 
 Some 180 families, about 45 s on 2 cores: the models are tiny. Families whose small config
 transformers itself cannot build or run alone (a nested multimodal config, a field the generic
