@@ -40,6 +40,7 @@ checked against the model's vocabulary before anything runs on the device.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import operator
 from dataclasses import dataclass, field
@@ -877,7 +878,11 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     sampling, beams, ``num_return_sequences``, EOS and ``stopping_criteria`` / ``stop_strings``
     (with ``tokenizer=``), streamers, ``return_dict_in_generate`` and its scores. ``max_length``
     counts the left-padded batch's columns, as ``model.generate`` on a padded batch does: prefer
-    ``max_new_tokens``.
+    ``max_new_tokens``. The processors that read the prompt (repetition penalty,
+    ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``, ``prefix_allowed_tokens_fn``)
+    see each row without its left pads, so they act as on the prompt alone (``model.generate`` on a
+    padded batch counts the pads); ``prefix_allowed_tokens_fn`` gets the prompt's index in
+    ``prompts``. Stopping criteria and logits processors passed in see the padded rows.
 
     decode_batches: 1 (default) decodes every prompt in one batch, whose cache is as wide as the
     longest prompt. k > 1 sorts the prompts by length and decodes k batches of about n / k
@@ -959,12 +964,17 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             if caches[k] is not None:
                 kwargs["past_key_values"] = caches[k]
                 caches[k] = None
+            if kwargs.get("prefix_allowed_tokens_fn") is not None:
+                kwargs["prefix_allowed_tokens_fn"] = _prefix_fn(
+                    kwargs["prefix_allowed_tokens_fn"], g, lengths[g], columns, expand,
+                    int(config.num_beams or 1))
             if bar is not None:
                 from transformers import StoppingCriteriaList
 
                 kwargs["stopping_criteria"] = StoppingCriteriaList(
                     [*(kwargs.get("stopping_criteria") or []), bar])
-            result = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+            with _unpadded_processors(model, lengths[g], columns):
+                result = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             if config.return_dict_in_generate:
                 return result
             new = _new_tokens(result, columns, config, generate_kwargs)
@@ -974,6 +984,83 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         if bar is not None:
             bar.bar.close()
     return [seq for per_prompt in out for seq in per_prompt]
+
+
+class _Unpadded:
+    """One of generate's logits processors that reads the prompt (repetition penalty, n-gram
+    bans, sequence biases, bad words), called as if no row had left pads: the pad columns are
+    filled, row by row, with a token that changes nothing for that processor, so each row is
+    processed as its prompt alone would be. ``fill`` is "first" (the row's first real token: the
+    repetition penalty reads the set of tokens seen, which it leaves unchanged) or "never" (-1,
+    which no n-gram, sequence or bad word matches). Cost per step: one [rows, longest pad] select."""
+
+    def __init__(self, inner, pads: torch.Tensor, fill: str):
+        self.inner, self.pads, self.fill = inner, pads, fill
+        self.width = int(pads.max())
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        rows = input_ids.shape[0]
+        pads = self.pads.to(input_ids.device).repeat_interleave(rows // len(self.pads))
+        head = input_ids[:, :self.width]
+        pad = torch.arange(self.width, device=input_ids.device)[None, :] < pads[:, None]
+        if self.fill == "first":
+            filler = input_ids.gather(1, pads[:, None])
+        else:
+            filler = torch.full_like(pads[:, None], -1)
+        ids = torch.cat([torch.where(pad, filler, head), input_ids[:, self.width:]], 1)
+        return self.inner(ids, scores)
+
+
+def _unpadded_processors(model, lengths: np.ndarray, columns: int):
+    """A context in which ``model.generate`` builds its prompt-reading logits processors as
+    ``_Unpadded`` ones (same processors, same order) for a batch left-padded to ``columns``.
+    Nothing changes where no row is padded."""
+    from transformers.generation import logits_process as lp
+
+    fills = {lp.RepetitionPenaltyLogitsProcessor: "first",
+             lp.NoRepeatNGramLogitsProcessor: "never",
+             lp.SequenceBiasLogitsProcessor: "never",
+             lp.NoBadWordsLogitsProcessor: "never"}
+    pads = torch.from_numpy(columns - lengths.astype(np.int64))
+
+    @contextlib.contextmanager
+    def scope():
+        if not pads.any():
+            yield
+            return
+        own = vars(model).get("_get_logits_processor")
+        build = model._get_logits_processor
+
+        def get_logits_processor(*args, **kwargs):
+            procs = build(*args, **kwargs)
+            return type(procs)(_Unpadded(p, pads, fills[type(p)]) if type(p) in fills else p
+                               for p in procs)
+
+        model._get_logits_processor = get_logits_processor
+        try:
+            yield
+        finally:
+            if own is None:
+                del model._get_logits_processor
+            else:
+                model._get_logits_processor = own
+
+    return scope()
+
+
+def _prefix_fn(fn, group: np.ndarray, lengths: np.ndarray, columns: int, expand: int,
+               num_beams: int):
+    """``prefix_allowed_tokens_fn`` for one decode batch: called with the batch index that
+    ``model.generate`` on all the prompts, in the caller's order, would pass, and the row
+    without its left pads."""
+
+    def allowed(batch_id: int, sent: torch.Tensor):
+        row = batch_id * num_beams
+        p, within = divmod(row, expand)
+        caller = (int(group[p]) * expand + within) // num_beams
+        return fn(caller, sent[columns - int(lengths[p]):])
+
+    return allowed
 
 
 def _new_tokens(sequences: torch.Tensor, columns: int, config, kwargs) -> List[List[int]]:

@@ -276,6 +276,57 @@ def test_generate_arguments_as_model_generate_takes_them():
     assert torch.equal(streamer.seen[0], padded.input_ids)
 
 
+def test_processors_that_read_the_prompt_see_it_without_pads():
+    """Repetition penalty, n-gram bans, sequence biases, bad words and prefix_allowed_tokens_fn
+    read the prompt: each prompt's tokens equal generating it alone, though the decode batch is
+    left-padded with a token these processors would otherwise count (as model.generate on the
+    padded batch does, asserted here so the check can fail)."""
+    m = model("llama", "sdpa")
+    prompts = heavy_prompts(8, seed=5, top=24)
+    greedy = hf.generate(m, prompts, 6, do_sample=False, pad_token_id=0)
+    pad = greedy[1][0]  # a token the model emits: penalising or banning it changes the output
+    m.generation_config.pad_token_id = pad
+    padded = hf.padded_prefill(m, prompts, pad_token_id=pad)
+    width = padded.input_ids.shape[1]
+
+    def alone_tokens(p, **kw):
+        ids = torch.tensor([p])
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                         do_sample=False, **kw)
+        return out[:, len(p):].tolist()
+
+    cases = [dict(repetition_penalty=4.0), dict(no_repeat_ngram_size=2),
+             # Sequences longer than prompt 1 (one token): alone, they never match it.
+             dict(sequence_bias={(pad, prompts[1][0], 7): 30.0}),
+             dict(bad_words_ids=[[pad, prompts[1][0], greedy[1][0]]]),
+             dict(repetition_penalty=2.0, num_beams=3, num_return_sequences=2)]
+    batch_differs = 0
+    for kw in cases:
+        want = [s for p in prompts for s in alone_tokens(p, **kw)]
+        for batches in (1, 3):
+            assert hf.generate(m, prompts, 6, do_sample=False, decode_batches=batches,
+                               **kw) == want, (kw, batches)
+        out = m.generate(padded.input_ids, attention_mask=padded.attention_mask,
+                         max_new_tokens=6, do_sample=False, **kw)
+        batch_differs += out[:, width:].tolist() != want
+    assert batch_differs == len(cases)  # the pads would have changed every one
+
+    # prefix_allowed_tokens_fn: called with the prompt's index in the caller's batch and its row
+    # without pads, also when the decode batches hold the prompts sorted by length.
+    def allowed_for(index):
+        def allowed(batch_id, sent):
+            i = index if index is not None else batch_id
+            assert sent[:len(prompts[i])].tolist() == prompts[i]
+            return [(prompts[i][0] + k) % VOCAB for k in range(0, 40, 3)]
+        return allowed
+
+    want = [alone_tokens(p, prefix_allowed_tokens_fn=allowed_for(i))[0]
+            for i, p in enumerate(prompts)]
+    for batches in (1, 3):
+        assert hf.generate(m, prompts, 6, do_sample=False, decode_batches=batches,
+                           prefix_allowed_tokens_fn=allowed_for(None)) == want
+
+
 def test_prepacked_cache_continues_with_model_generate():
     """prefill's batch cache is the form model.generate continues: append the next token."""
     m = model("qwen2", "sdpa")
