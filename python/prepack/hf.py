@@ -485,6 +485,57 @@ def _new_cache(model):
     return DynamicCache(config=model.config)
 
 
+@dataclass
+class _CacheForm:
+    """The cache class a decode continues, from generate's ``cache_implementation``: a
+    DynamicCache (None, "dynamic", "offloaded") or a StaticCache of ``length`` slots a layer
+    ("static", "offloaded_static")."""
+
+    static: bool = False
+    offloading: bool = False
+    length: int = 0
+
+    def new(self, model):
+        from transformers import DynamicCache, StaticCache
+
+        config = _text_config(model)
+        if self.static:
+            return StaticCache(config=config, max_cache_len=self.length,
+                               offloading=self.offloading)
+        return DynamicCache(config=config, offloading=self.offloading)
+
+    def fill(self, layer, k: torch.Tensor, v: torch.Tensor, seen: int) -> None:
+        """Sets the layer to hold k and v (the last positions of `seen`) as transformers' own
+        prefill of `seen` positions leaves it."""
+        if not self.static:
+            _fill_layer(layer, k, v, seen)
+            return
+        if layer.is_sliding and seen >= layer.max_cache_len:
+            # A full static sliding layer holds the last `window` positions; its first one is
+            # rolled out before the next step reads the layer: zeros stand in for it.
+            lead = layer.max_cache_len - k.shape[2]
+            k = torch.cat([k.new_zeros(*k.shape[:2], lead, k.shape[3]), k], 2)
+            v = torch.cat([v.new_zeros(*v.shape[:2], lead, v.shape[3]), v], 2)
+        layer.update(k, v)
+        layer.cumulative_length.fill_(seen)
+        if hasattr(layer, "cumulative_length_int"):
+            layer.cumulative_length_int = seen
+
+
+def _cache_form(name: Optional[str], length: int) -> _CacheForm:
+    """The _CacheForm for generate's cache_implementation, refusing what a prefilled cache cannot
+    become by name."""
+    from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
+
+    if name in (None, "dynamic", "offloaded"):
+        return _CacheForm(offloading=name == "offloaded")
+    if name in ALL_STATIC_CACHE_IMPLEMENTATIONS:
+        return _CacheForm(static=True, offloading="offloaded" in name, length=length)
+    raise ValueError(f"cache_implementation {name!r}: prepack.hf.generate continues its prefill "
+                     f"in a dynamic or static cache (None, 'dynamic', 'offloaded', 'static', "
+                     f"'offloaded_static')")
+
+
 def _kv_index(slots: torch.Tensor, heads: int, width: int) -> torch.Tensor:
     """[..., heads, n] row indices into a layer of the rows' cache seen as [n_rows * heads * width,
     head_dim], for the flat packed slots [..., n] (row * width + slot) and every head."""
@@ -515,13 +566,14 @@ class _Gather:
 
 
 def _batch_cache(model, t: _Target, rows_cache, batch, present: np.ndarray, columns: int,
-                 expand: int = 1, free: bool = True, packed: Optional[np.ndarray] = None):
+                 expand: int = 1, free: bool = True, packed: Optional[np.ndarray] = None,
+                 form: Optional[_CacheForm] = None):
     """The left-padded batch cache: [n * expand, kv_heads, kept, head_dim] per layer, prompt i
     (rows i * expand .. i * expand + expand - 1) holding its prefilled tokens right-aligned in
     `columns` columns (sliding layers the last window - 1 of them). present[i]: prompt i's index
     in the packed batch, or -1 if it has no prefilled token (its columns are all pads). free:
     each of the rows' layers is dropped once gathered. packed: batch.left_padded_slots(), when
-    the caller has it already."""
+    the caller has it already. form: the cache class (a DynamicCache by default)."""
     slots = np.zeros((len(present), columns), np.int64)  # pads gather slot 0: finite, masked
     if (present >= 0).any():
         # [n_packed, longest packed], -1 on pads; a prompt of at most `columns` tokens lies in
@@ -538,12 +590,13 @@ def _batch_cache(model, t: _Target, rows_cache, batch, present: np.ndarray, colu
     for kind, w in t.windows.items():
         keep = columns if w is None else min(columns, w - 1)
         gathers[kind] = _Gather(slots[:, columns - keep:], batch.width)
-    cache = _new_cache(model)
+    form = form or _CacheForm()
+    cache = form.new(model)
     layers = rows_cache.layers
     for i, (layer, kind) in enumerate(zip(cache.layers, t.layer_types)):
         k, v = layers[i].keys, layers[i].values
         g = gathers[kind]
-        _fill_layer(layer, g(k), g(v), columns)
+        form.fill(layer, g(k), g(v), columns)
         if free:
             layers[i].keys = layers[i].values = None  # the rows' layer is no longer needed
     return cache
@@ -883,6 +936,11 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     see each row without its left pads, so they act as on the prompt alone (``model.generate`` on a
     padded batch counts the pads); ``prefix_allowed_tokens_fn`` gets the prompt's index in
     ``prompts``. Stopping criteria and logits processors passed in see the padded rows.
+    ``generation_config`` is passed on; ``cache_implementation`` picks the class of the prefilled
+    cache generate continues: a DynamicCache (None, "dynamic", "offloaded") or a StaticCache as
+    large as ``model.generate`` makes it ("static", "offloaded_static"; ``max_cache_len``
+    honoured); ``use_cache=False`` decodes from the prefilled cache all the same (the same
+    tokens as recomputing every step, at the cost of a cached decode).
 
     decode_batches: 1 (default) decodes every prompt in one batch, whose cache is as wide as the
     longest prompt. k > 1 sorts the prompts by length and decodes k batches of about n / k
@@ -902,7 +960,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     progress: a tqdm bar over the new tokens. Cost: the prefill (see prefill) plus the decode of
     ``model.generate``: per step, one forward of every sequence over its batch's cache.
     ValueError as prefill, and for decode_batches < 1 or > 1 with return_dict_in_generate or a
-    streamer.
+    streamer, and for a cache_implementation the prefill cannot become ("quantized").
     """
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
@@ -911,8 +969,16 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         generate_kwargs["max_new_tokens"] = _integer("max_new_tokens", max_new_tokens, 1)
     capacity = _capacity(capacity)
     decode_batches = _integer("decode_batches", decode_batches, 1)
-    config, _ = model._prepare_generation_config(generate_kwargs.pop("generation_config", None),
-                                                 **dict(generate_kwargs))
+    config, _ = model._prepare_generation_config(generate_kwargs.get("generation_config"),
+                                                 **{k: v for k, v in generate_kwargs.items()
+                                                    if k != "generation_config"})
+    # The decode continues the prefilled cache, made in the class cache_implementation names
+    # and passed to model.generate in its place (model.generate refuses both together).
+    cache_name = config.cache_implementation
+    if cache_name is not None or config.use_cache is False:
+        _cache_form(cache_name, 0)  # refused by name before anything runs
+        generate_kwargs.update(cache_implementation=None, use_cache=True)
+        generate_kwargs.pop("max_cache_len", None)
     n_batches = min(decode_batches, len(ps))
     if n_batches > 1 and (config.return_dict_in_generate or generate_kwargs.get("streamer")):
         raise ValueError(f"decode_batches {decode_batches}: return_dict_in_generate and streamers "
@@ -948,8 +1014,12 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         for k, g in enumerate(groups):
             columns = int(lengths[g].max()) - 1
             if columns > 0:
+                # model.generate's own size for a static cache: its max_length - 1.
+                last = (columns + 1 + config.max_new_tokens if config.max_new_tokens is not None
+                        else config.max_length)
+                form = _cache_form(cache_name, max(last - 1, config.max_cache_len or 0))
                 caches[k] = _batch_cache(model, t, rows, batch, present[g], columns, expand,
-                                         free=k == len(groups) - 1, packed=packed)
+                                         free=k == len(groups) - 1, packed=packed, form=form)
         del rows
     starts = np.cumsum(lengths) - lengths
     total = config.max_new_tokens * len(groups) if config.max_new_tokens else None

@@ -5,6 +5,8 @@ family (full attention, sliding windows shorter than the prompts, local and glob
 eager, sdpa and flex attention; generate equals model.generate on each prompt alone, with
 generate's own arguments; inputs in every form users have them; what cannot be packed is refused
 by name."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -274,6 +276,65 @@ def test_generate_arguments_as_model_generate_takes_them():
     assert len(out.scores) == 4 and out.scores[0].shape == (len(prompts), VOCAB)
     assert streamer.seen[-1] is None and len(streamer.seen) == 1 + 4 + 1
     assert torch.equal(streamer.seen[0], padded.input_ids)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2"])
+def test_generation_config_and_cache_classes(name):
+    """A GenerationConfig object, use_cache=False and a static cache (named by argument or by the
+    model's own generation config): each prompt's tokens as generating it alone with the same
+    arguments; the static cache as large as model.generate makes it."""
+    m = model(name, "sdpa")
+    prompts = heavy_prompts(8, seed=6, top=30)
+
+    def alone_tokens(p, **kw):
+        ids = torch.tensor([p])
+        return m.generate(ids, attention_mask=torch.ones_like(ids), **kw)[:, len(p):].tolist()
+
+    gc = transformers.GenerationConfig(max_new_tokens=5, do_sample=False, repetition_penalty=3.0,
+                                       pad_token_id=0)
+    want = [s for p in prompts for s in alone_tokens(p, generation_config=gc)]
+    assert hf.generate(m, prompts, generation_config=gc) == want
+    assert all(len(w) == 5 for w in want)
+
+    common = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    for kw in (dict(use_cache=False), dict(cache_implementation="static"),
+               dict(cache_implementation="static", max_cache_len=64, num_beams=2,
+                    num_return_sequences=2)):
+        want = [s for p in prompts for s in alone_tokens(p, **common, **kw)]
+        for batches in (1, 3):
+            assert hf.generate(m, prompts, decode_batches=batches, **common, **kw) == want, kw
+
+    # The static cache generate continues: as large as model.generate's own, the prompts in it.
+    seen = []
+    forward = m.forward
+
+    @functools.wraps(forward)
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("past_key_values"))
+        return forward(*args, **kwargs)
+
+    m.forward = spy
+    try:
+        hf.generate(m, prompts, **common, cache_implementation="static")
+    finally:
+        del m.forward
+    cache = seen[-1]  # the last decode step (the first is the packed prefill)
+    assert isinstance(cache, transformers.StaticCache)
+    longest = max(len(p) for p in prompts)
+    size = longest + 6 - 1
+    assert [layer.max_cache_len for layer in cache.layers] == [
+        min(WINDOW, size) if layer.is_sliding else size for layer in cache.layers]
+    assert cache.get_seq_length() >= longest  # the prompts' columns, then the steps run
+
+    saved = m.generation_config.cache_implementation
+    m.generation_config.cache_implementation = "static"  # as a generation_config.json may say
+    try:
+        want = [s for p in prompts for s in alone_tokens(p, **common)]
+        assert hf.generate(m, prompts, **common) == want
+    finally:
+        m.generation_config.cache_implementation = saved
+    with pytest.raises(ValueError, match="cache_implementation 'quantized'"):
+        hf.generate(m, prompts, **common, cache_implementation="quantized")
 
 
 def test_processors_that_read_the_prompt_see_it_without_pads():
