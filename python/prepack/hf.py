@@ -961,6 +961,10 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     ``model.generate``: per step, one forward of every sequence over its batch's cache.
     ValueError as prefill, and for decode_batches < 1 or > 1 with return_dict_in_generate or a
     streamer, and for a cache_implementation the prefill cannot become ("quantized").
+
+    Assisted decoding (``assistant_model``, ``prompt_lookup_num_tokens``, ``assistant_early_exit``)
+    runs ``model.generate`` on each prompt alone, without the prefill: transformers' assisted
+    decoding takes one sequence a call and does not continue a prefilled cache.
     """
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
@@ -980,9 +984,19 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         generate_kwargs.update(cache_implementation=None, use_cache=True)
         generate_kwargs.pop("max_cache_len", None)
     n_batches = min(decode_batches, len(ps))
+    # Assisted decoding takes one sequence a call and, in transformers, does not continue a
+    # prefilled cache (from one its tokens differ from greedy decoding's): each prompt is
+    # generated alone, from its prompt.
+    assisted = (generate_kwargs.get("assistant_model") is not None
+                or bool(getattr(config, "prompt_lookup_num_tokens", None))
+                or bool(getattr(config, "assistant_early_exit", None)))
+    if assisted:
+        n_batches = len(ps)
     if n_batches > 1 and (config.return_dict_in_generate or generate_kwargs.get("streamer")):
-        raise ValueError(f"decode_batches {decode_batches}: return_dict_in_generate and streamers "
-                         f"take one batch (decode_batches=1)")
+        why = "assisted decoding takes one prompt a call" if assisted else (
+            f"decode_batches {decode_batches}")
+        raise ValueError(f"{why}: return_dict_in_generate and streamers take one batch "
+                         f"(decode_batches=1)")
     if tokenizer is not None:
         generate_kwargs.setdefault("tokenizer", tokenizer)
     # generate expands the prompts (and so must the cache) num_beams times under beam search,
@@ -1004,7 +1018,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     present = np.full(len(ps), -1, np.int64)
     present[heads > 0] = np.arange(int((heads > 0).sum()))
     caches: List[Any] = [None] * len(groups)
-    if (heads > 0).any():
+    if (heads > 0).any() and not assisted:
         keep = np.ones(len(tokens), bool)
         keep[np.cumsum(lengths) - 1] = False
         batch = _pack(t, _prepack.Prompts.from_flat(tokens[keep], heads[heads > 0]), capacity,

@@ -337,6 +337,23 @@ def test_generation_config_and_cache_classes(name):
         hf.generate(m, prompts, **common, cache_implementation="quantized")
 
 
+def test_assisted_decoding_generates_each_prompt_alone():
+    """An assistant model or prompt lookup: each prompt's tokens as model.generate gives alone
+    (transformers' assisted decoding takes one sequence a call and no prefilled cache)."""
+    m = model("llama", "sdpa")
+    torch.manual_seed(3)
+    small = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**dict(SHAPE, num_hidden_layers=1))).eval()
+    prompts = heavy_prompts(5, seed=3)
+    common = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    for kw in (dict(assistant_model=small), dict(prompt_lookup_num_tokens=3)):
+        want = [generate_alone(m, p, max_new_tokens=6, do_sample=False, **kw) for p in prompts]
+        assert hf.generate(m, prompts, **common, **kw) == want, list(kw)
+    with pytest.raises(ValueError, match="assisted decoding takes one prompt a call"):
+        hf.generate(m, prompts, **common, prompt_lookup_num_tokens=3,
+                    return_dict_in_generate=True)
+
+
 def test_processors_that_read_the_prompt_see_it_without_pads():
     """Repetition penalty, n-gram bans, sequence biases, bad words and prefix_allowed_tokens_fn
     read the prompt: each prompt's tokens equal generating it alone, though the decode batch is
