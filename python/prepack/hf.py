@@ -930,8 +930,9 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     repetition penalties, ...), and every generate argument works as in ``model.generate``:
     sampling, beams, ``num_return_sequences``, EOS and ``stopping_criteria`` / ``stop_strings``
     (with ``tokenizer=``), streamers, ``return_dict_in_generate`` and its scores. ``max_length``
-    counts the left-padded batch's columns, as ``model.generate`` on a padded batch does: prefer
-    ``max_new_tokens``. The processors that read the prompt (repetition penalty,
+    and ``min_length`` count each prompt's own tokens, as alone (with return_dict_in_generate or
+    a streamer, max_length counts the left-padded batch's columns, as ``model.generate`` on a
+    padded batch does: prefer ``max_new_tokens``). The processors that read the prompt (repetition penalty,
     ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``, ``prefix_allowed_tokens_fn``)
     see each row without its left pads, so they act as on the prompt alone (``model.generate`` on a
     padded batch counts the pads); ``prefix_allowed_tokens_fn`` gets the prompt's index in
@@ -1010,9 +1011,30 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     pad_id = int(pad_id.item() if isinstance(pad_id, torch.Tensor) else pad_id)
 
     tokens, lengths = ps.flat()
+    # New tokens a decode batch generates. Without max_new_tokens, max_length bounds each
+    # sequence as it bounds the prompt alone (max_length - its length new tokens), where
+    # model.generate on a padded batch would count the batch's columns: the batch runs to its
+    # shortest prompt's bound and each sequence is cut at its own (return_dict_in_generate and
+    # streamers show the padded batch: there max_length counts its columns).
+    room = None
+    if config.max_new_tokens is None and not (config.return_dict_in_generate
+                                              or generate_kwargs.get("streamer")):
+        room = int(config.max_length) - lengths.astype(np.int64)
+        over = np.flatnonzero(room <= 0)
+        if len(over):
+            i = int(over[0])
+            raise ValueError(f"prompt {i}: length {int(lengths[i])} is not below max_length "
+                             f"{config.max_length} (model.generate refuses it alone): set "
+                             f"max_new_tokens")
+        generate_kwargs.pop("max_length", None)
     # The decode batches: prompt indices, by length when there are several.
     order = np.argsort(lengths, kind="stable") if n_batches > 1 else np.arange(len(ps))
     groups = [g for g in np.array_split(order, n_batches)]
+    if room is not None and int(config.num_beams or 1) > 1:
+        # A beam search's result depends on its length bound, not only its prefix: each decode
+        # batch holds prompts of one length, so each runs to its own max_length.
+        groups = [g[lengths[g] == n] for g in groups for n in np.unique(lengths[g])]
+    steps = [config.max_new_tokens if room is None else int(room[g].max()) for g in groups]
     # Every prompt but its last token, packed and prefilled once.
     heads = lengths - 1
     present = np.full(len(ps), -1, np.int64)
@@ -1029,14 +1051,13 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             columns = int(lengths[g].max()) - 1
             if columns > 0:
                 # model.generate's own size for a static cache: its max_length - 1.
-                last = (columns + 1 + config.max_new_tokens if config.max_new_tokens is not None
-                        else config.max_length)
+                last = columns + 1 + steps[k] if steps[k] is not None else config.max_length
                 form = _cache_form(cache_name, max(last - 1, config.max_cache_len or 0))
                 caches[k] = _batch_cache(model, t, rows, batch, present[g], columns, expand,
                                          free=k == len(groups) - 1, packed=packed, form=form)
         del rows
     starts = np.cumsum(lengths) - lengths
-    total = config.max_new_tokens * len(groups) if config.max_new_tokens else None
+    total = sum(steps) if all(n is not None for n in steps) else None
     bar = _Progress(total, "prepack.hf.generate") if progress else None
     out: List[Any] = [None] * len(ps)
     try:
@@ -1045,6 +1066,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             flat = np.concatenate([tokens[starts[i]:starts[i] + lengths[i]] for i in g])
             ids, mask = _left_padded(flat, lengths[g], columns, pad_id, t.device)
             kwargs = dict(generate_kwargs)
+            if room is not None:
+                kwargs["max_new_tokens"] = steps[k]
             if caches[k] is not None:
                 kwargs["past_key_values"] = caches[k]
                 caches[k] = None
@@ -1064,6 +1087,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             new = _new_tokens(result, columns, config, generate_kwargs)
             for j, i in enumerate(g):
                 out[i] = new[j * returned:(j + 1) * returned]
+                if room is not None:
+                    out[i] = [seq[:int(room[i])] for seq in out[i]]
     finally:
         if bar is not None:
             bar.bar.close()
@@ -1076,7 +1101,8 @@ class _Unpadded:
     filled, row by row, with a token that changes nothing for that processor, so each row is
     processed as its prompt alone would be. ``fill`` is "first" (the row's first real token: the
     repetition penalty reads the set of tokens seen, which it leaves unchanged) or "never" (-1,
-    which no n-gram, sequence or bad word matches). Cost per step: one [rows, longest pad] select."""
+    which no n-gram, sequence or bad word matches); "length" (min_length) bans EOS in each row
+    shorter than min_length without its pads. Cost per step: one [rows, longest pad] select."""
 
     def __init__(self, inner, pads: torch.Tensor, fill: str):
         self.inner, self.pads, self.fill = inner, pads, fill
@@ -1087,6 +1113,11 @@ class _Unpadded:
         pads = self.pads.to(input_ids.device).repeat_interleave(rows // len(self.pads))
         head = input_ids[:, :self.width]
         pad = torch.arange(self.width, device=input_ids.device)[None, :] < pads[:, None]
+        if self.fill == "length":  # MinLengthLogitsProcessor, each row's own length
+            short = input_ids.shape[-1] - pads < self.inner.min_length
+            eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device),
+                             self.inner.eos_token_id.to(scores.device))
+            return torch.where(short[:, None] & eos[None, :], -float("inf"), scores)
         if self.fill == "first":
             filler = input_ids.gather(1, pads[:, None])
         else:
@@ -1104,7 +1135,8 @@ def _unpadded_processors(model, lengths: np.ndarray, columns: int):
     fills = {lp.RepetitionPenaltyLogitsProcessor: "first",
              lp.NoRepeatNGramLogitsProcessor: "never",
              lp.SequenceBiasLogitsProcessor: "never",
-             lp.NoBadWordsLogitsProcessor: "never"}
+             lp.NoBadWordsLogitsProcessor: "never",
+             lp.MinLengthLogitsProcessor: "length"}
     pads = torch.from_numpy(columns - lengths.astype(np.int64))
 
     @contextlib.contextmanager

@@ -204,7 +204,9 @@ class PrepackLM(HFLM):
         with torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
                             enabled=self.mixed_precision_dtype is not None):
             new = hf.generate(self.model, context, attention_mask=attention_mask,
-                              max_length=max_length,
+                              # HFLM's max_length is width + max_gen_toks: every sequence
+                              # gets max_gen_toks new tokens at most.
+                              max_new_tokens=max_length - width,
                               stopping_criteria=[_StopSequences(self.tokenizer, stop, width)],
                               pad_token_id=pad, use_cache=True, **generation_kwargs)
         longest = max((len(t) for t in new), default=0)

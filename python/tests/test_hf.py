@@ -337,6 +337,39 @@ def test_generation_config_and_cache_classes(name):
         hf.generate(m, prompts, **common, cache_implementation="quantized")
 
 
+def test_length_bounds_count_each_prompt_alone():
+    """max_length and min_length bound each sequence by its own prompt's length, as generating it
+    alone does (model.generate on the padded batch counts the batch's columns: asserted to
+    differ, so the check can fail), under greedy and beam search, in one or several decode
+    batches; a prompt not below max_length is refused by index."""
+    m = model("gemma2", "sdpa")
+    prompts = heavy_prompts(8, seed=3, top=24)
+    padded = hf.padded_prefill(m, prompts)
+    width = padded.input_ids.shape[1]
+
+    def alone_tokens(p, **kw):
+        ids = torch.tensor([p])
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0,
+                         do_sample=False, **kw)
+        return out[:, len(p):].tolist()
+
+    greedy = hf.generate(m, prompts, 8, do_sample=False, pad_token_id=0)
+    eos = greedy[1][1]  # prompt 1 (one token) emits it second: min_length holds it back
+    cases = [dict(max_length=30), dict(max_length=30, num_beams=3, num_return_sequences=2),
+             dict(max_new_tokens=8, min_length=12, eos_token_id=eos)]
+    for kw in cases:
+        want = [s for p in prompts for s in alone_tokens(p, **kw)]
+        for batches in (1, 3):
+            assert hf.generate(m, prompts, decode_batches=batches, do_sample=False,
+                               pad_token_id=0, **kw) == want, (kw, batches)
+        out = m.generate(padded.input_ids, attention_mask=padded.attention_mask,
+                         pad_token_id=0, do_sample=False, **kw)
+        assert any(o[:len(w)] != w for o, w in zip(out[:, width:].tolist(), want)), kw
+    assert len({len(w) for w in hf.generate(m, prompts, max_length=30, pad_token_id=0)}) > 1
+    with pytest.raises(ValueError, match="prompt 0: length 24 is not below max_length 20"):
+        hf.generate(m, prompts, max_length=20)
+
+
 def test_assisted_decoding_generates_each_prompt_alone():
     """An assistant model or prompt lookup: each prompt's tokens as model.generate gives alone
     (transformers' assisted decoding takes one sequence a call and no prefilled cache)."""
