@@ -292,6 +292,11 @@ def _strip_pads(ids: np.ndarray, attention_mask) -> _prepack.Prompts:
         else np.asarray(attention_mask)
     if m.shape != ids.shape:
         raise ValueError(f"attention_mask: shape {tuple(m.shape)}, input_ids has {tuple(ids.shape)}")
+    odd = np.argwhere((m != 0) & (m != 1))
+    if odd.size:
+        r, c = (int(x) for x in odd[0])
+        raise ValueError(f"prompt {r}: attention_mask holds {m[r, c].item()!r} at position {c} "
+                         f"(0 or 1 expected)")
     m = m != 0
     lengths = m.sum(axis=1)
     empty = np.flatnonzero(lengths == 0)
@@ -961,7 +966,10 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     progress: a tqdm bar over the new tokens. Cost: the prefill (see prefill) plus the decode of
     ``model.generate``: per step, one forward of every sequence over its batch's cache.
     ValueError as prefill, and for decode_batches < 1 or > 1 with return_dict_in_generate or a
-    streamer, and for a cache_implementation the prefill cannot become ("quantized").
+    streamer, for a cache_implementation the prefill cannot become ("quantized"), num_beams or
+    num_return_sequences below 1, a pad_token_id outside the vocabulary (without one, the first
+    EOS in the vocabulary pads, else 0) and a prompt not below max_length (without
+    max_new_tokens).
 
     Assisted decoding (``assistant_model``, ``prompt_lookup_num_tokens``, ``assistant_early_exit``)
     runs ``model.generate`` on each prompt alone, without the prefill: transformers' assisted
@@ -1002,13 +1010,23 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         generate_kwargs.setdefault("tokenizer", tokenizer)
     # generate expands the prompts (and so must the cache) num_beams times under beam search,
     # num_return_sequences times otherwise; it returns num_return_sequences per prompt.
-    returned = int(config.num_return_sequences or 1)
-    expand = max(int(config.num_beams or 1), returned)
+    def setting(name):
+        value = getattr(config, name)
+        return 1 if value is None else _integer(name, value, 1)
+
+    returned = setting("num_return_sequences")
+    expand = max(setting("num_beams"), returned)
+    # The pad fills the decode batch's left columns and follows finished sequences into the
+    # model's embedding: a token of the vocabulary. Without one, the first EOS that is one (as
+    # model.generate takes EOS), else 0.
     pad_id = config.pad_token_id
     if pad_id is None:
-        eos = config.eos_token_id
-        pad_id = (eos[0] if isinstance(eos, (list, tuple)) else eos) if eos is not None else 0
-    pad_id = int(pad_id.item() if isinstance(pad_id, torch.Tensor) else pad_id)
+        eos = [] if config.eos_token_id is None else \
+            torch.as_tensor(config.eos_token_id).reshape(-1).tolist()
+        pad_id = next((int(e) for e in eos if 0 <= int(e) < t.vocab_size), 0)
+        generate_kwargs["pad_token_id"] = pad_id
+    pad_id = _integer("pad_token_id", pad_id.item() if isinstance(pad_id, torch.Tensor)
+                      else pad_id, 0, t.vocab_size)
 
     tokens, lengths = ps.flat()
     # New tokens a decode batch generates. Without max_new_tokens, max_length bounds each

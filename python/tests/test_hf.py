@@ -531,6 +531,25 @@ def test_inputs_as_users_have_them():
     with pytest.raises(ValueError, match=r"batch_rows 0 \(at least 1\)"):
         hf.score(m, [[1, 2, 3]], 1, batch_rows=0)
     assert hf.prefill(m, [[1, 2]], capacity=np.int64(4), cache=None).batch.width == 4
+    with pytest.raises(ValueError, match=r"prompt 1: attention_mask holds 2 at position 0"):
+        hf.prefill(m, torch.ones(2, 3, dtype=torch.long),
+                   attention_mask=torch.tensor([[1, 1, 1], [2, 1, 1]]))
+    # generate's pad enters the model's embedding after a sequence ends: within the vocabulary.
+    with pytest.raises(ValueError, match=rf"pad_token_id {VOCAB} is outside the vocabulary"):
+        hf.generate(m, [[1, 2], [3]], 2, pad_token_id=VOCAB)
+    with pytest.raises(ValueError, match=r"num_beams 0 \(at least 1\)"):
+        hf.generate(m, [[1, 2], [3]], 2, num_beams=0)
+    # No pad_token_id and a first EOS outside the vocabulary: the pad is the next EOS that is a
+    # token (model.generate would feed the first to the embedding after a sequence ends).
+    first = hf.generate(m, [[5, 6, 7]], 3, do_sample=False, pad_token_id=0)[0][0]
+    saved = m.generation_config.pad_token_id
+    m.generation_config.pad_token_id = None
+    try:
+        got = hf.generate(m, [[5, 6, 7], [8], [9, 10]], 3, do_sample=False,
+                          eos_token_id=[VOCAB + 5, first])
+    finally:
+        m.generation_config.pad_token_id = saved
+    assert got[0] == [first]
 
 
 def test_models_that_cannot_be_packed_are_refused_by_name():
