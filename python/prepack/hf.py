@@ -937,11 +937,11 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     (with ``tokenizer=``), streamers, ``return_dict_in_generate`` and its scores. ``max_length``
     and ``min_length`` count each prompt's own tokens, as alone (with return_dict_in_generate or
     a streamer, max_length counts the left-padded batch's columns, as ``model.generate`` on a
-    padded batch does: prefer ``max_new_tokens``). The processors that read the prompt (repetition penalty,
-    ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``, ``prefix_allowed_tokens_fn``)
-    see each row without its left pads, so they act as on the prompt alone (``model.generate`` on a
-    padded batch counts the pads); ``prefix_allowed_tokens_fn`` gets the prompt's index in
-    ``prompts``. Stopping criteria and logits processors passed in see the padded rows.
+    padded batch does: prefer ``max_new_tokens``). The processors that read the prompt
+    (repetition penalty, ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``,
+    ``prefix_allowed_tokens_fn``) see each row without its left pads, so they act as on the
+    prompt alone (``model.generate`` on a padded batch counts the pads);
+    ``prefix_allowed_tokens_fn`` gets the prompt's index in ``prompts``. Stopping criteria and logits processors passed in see the padded rows.
     ``generation_config`` is passed on; ``cache_implementation`` picks the class of the prefilled
     cache generate continues: a DynamicCache (None, "dynamic", "offloaded") or a StaticCache as
     large as ``model.generate`` makes it ("static", "offloaded_static"; ``max_cache_len``
