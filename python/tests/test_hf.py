@@ -181,6 +181,12 @@ def generate_alone(m, prompt, **kw):
     return out[0, len(prompt):].tolist()
 
 
+def sequences_alone(m, prompt, **kw):
+    """model.generate on the prompt alone: every returned sequence's new tokens."""
+    ids = torch.tensor([prompt])
+    return m.generate(ids, attention_mask=torch.ones_like(ids), **kw)[:, len(prompt):].tolist()
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 @pytest.mark.parametrize("name", FAMILIES)
 def test_greedy_generation_equals_generating_alone(name, impl):
@@ -287,8 +293,7 @@ def test_generation_config_and_cache_classes(name):
     prompts = heavy_prompts(8, seed=6, top=30)
 
     def alone_tokens(p, **kw):
-        ids = torch.tensor([p])
-        return m.generate(ids, attention_mask=torch.ones_like(ids), **kw)[:, len(p):].tolist()
+        return sequences_alone(m, p, **kw)
 
     gc = transformers.GenerationConfig(max_new_tokens=5, do_sample=False, repetition_penalty=3.0,
                                        pad_token_id=0)
@@ -348,10 +353,7 @@ def test_length_bounds_count_each_prompt_alone():
     width = padded.input_ids.shape[1]
 
     def alone_tokens(p, **kw):
-        ids = torch.tensor([p])
-        out = m.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0,
-                         do_sample=False, **kw)
-        return out[:, len(p):].tolist()
+        return sequences_alone(m, p, pad_token_id=0, do_sample=False, **kw)
 
     greedy = hf.generate(m, prompts, 8, do_sample=False, pad_token_id=0)
     eos = greedy[1][1]  # prompt 1 (one token) emits it second: min_length holds it back
@@ -401,10 +403,7 @@ def test_processors_that_read_the_prompt_see_it_without_pads():
     width = padded.input_ids.shape[1]
 
     def alone_tokens(p, **kw):
-        ids = torch.tensor([p])
-        out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
-                         do_sample=False, **kw)
-        return out[:, len(p):].tolist()
+        return sequences_alone(m, p, max_new_tokens=6, do_sample=False, **kw)
 
     cases = [dict(repetition_penalty=4.0), dict(no_repeat_ngram_size=2),
              # Sequences longer than prompt 1 (one token): alone, they never match it.
