@@ -41,6 +41,7 @@ checked against the model's vocabulary before anything runs on the device.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import operator
 from dataclasses import dataclass, field
@@ -527,15 +528,15 @@ class _CacheForm:
             layer.cumulative_length_int = seen
 
 
-def _cache_form(name: Optional[str], length: int) -> _CacheForm:
-    """The _CacheForm for generate's cache_implementation, refusing what a prefilled cache cannot
-    become by name."""
+def _cache_form(name: Optional[str]) -> _CacheForm:
+    """The _CacheForm for generate's cache_implementation (a static one's length still to set),
+    refusing what a prefilled cache cannot become by name."""
     from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 
     if name in (None, "dynamic", "offloaded"):
         return _CacheForm(offloading=name == "offloaded")
     if name in ALL_STATIC_CACHE_IMPLEMENTATIONS:
-        return _CacheForm(static=True, offloading="offloaded" in name, length=length)
+        return _CacheForm(static=True, offloading="offloaded" in name)
     raise ValueError(f"cache_implementation {name!r}: prepack.hf.generate continues its prefill "
                      f"in a dynamic or static cache (None, 'dynamic', 'offloaded', 'static', "
                      f"'offloaded_static')")
@@ -987,9 +988,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
                                                     if k != "generation_config"})
     # The decode continues the prefilled cache, made in the class cache_implementation names
     # and passed to model.generate in its place (model.generate refuses both together).
-    cache_name = config.cache_implementation
-    if cache_name is not None or config.use_cache is False:
-        _cache_form(cache_name, 0)  # refused by name before anything runs
+    cache_form = _cache_form(config.cache_implementation)  # refused by name before anything runs
+    if config.cache_implementation is not None or config.use_cache is False:
         generate_kwargs.update(cache_implementation=None, use_cache=True)
         generate_kwargs.pop("max_cache_len", None)
     n_batches = min(decode_batches, len(ps))
@@ -1014,8 +1014,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         value = getattr(config, name)
         return 1 if value is None else _integer(name, value, 1)
 
-    returned = setting("num_return_sequences")
-    expand = max(setting("num_beams"), returned)
+    returned, beams = setting("num_return_sequences"), setting("num_beams")
+    expand = max(beams, returned)
     # The pad fills the decode batch's left columns and follows finished sequences into the
     # model's embedding: a token of the vocabulary. Without one, the first EOS that is one (as
     # model.generate takes EOS), else 0.
@@ -1048,7 +1048,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     # The decode batches: prompt indices, by length when there are several.
     order = np.argsort(lengths, kind="stable") if n_batches > 1 else np.arange(len(ps))
     groups = [g for g in np.array_split(order, n_batches)]
-    if room is not None and int(config.num_beams or 1) > 1:
+    if room is not None and beams > 1:
         # A beam search's result depends on its length bound, not only its prefix: each decode
         # batch holds prompts of one length, so each runs to its own max_length.
         groups = [g[lengths[g] == n] for g in groups for n in np.unique(lengths[g])]
@@ -1070,7 +1070,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             if columns > 0:
                 # model.generate's own size for a static cache: its max_length - 1.
                 last = columns + 1 + steps[k] if steps[k] is not None else config.max_length
-                form = _cache_form(cache_name, max(last - 1, config.max_cache_len or 0))
+                form = dataclasses.replace(cache_form,
+                                           length=max(last - 1, config.max_cache_len or 0))
                 caches[k] = _batch_cache(model, t, rows, batch, present[g], columns, expand,
                                          free=k == len(groups) - 1, packed=packed, form=form)
         del rows
@@ -1091,8 +1092,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
                 caches[k] = None
             if kwargs.get("prefix_allowed_tokens_fn") is not None:
                 kwargs["prefix_allowed_tokens_fn"] = _prefix_fn(
-                    kwargs["prefix_allowed_tokens_fn"], g, lengths[g], columns, expand,
-                    int(config.num_beams or 1))
+                    kwargs["prefix_allowed_tokens_fn"], g, lengths[g], columns, expand, beams)
             if bar is not None:
                 from transformers import StoppingCriteriaList
 
@@ -1125,12 +1125,20 @@ class _Unpadded:
     def __init__(self, inner, pads: torch.Tensor, fill: str):
         self.inner, self.pads, self.fill = inner, pads, fill
         self.width = int(pads.max())
+        self._rows: Dict[Tuple[torch.device, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _row_pads(self, device, rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(pads [rows], pad columns [rows, width]) for generate's rows (each prompt's rows
+        together), made once per device and row count."""
+        key = (device, rows)
+        if key not in self._rows:
+            pads = self.pads.to(device).repeat_interleave(rows // len(self.pads))
+            cols = torch.arange(self.width, device=device)[None, :] < pads[:, None]
+            self._rows[key] = pads, cols
+        return self._rows[key]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        rows = input_ids.shape[0]
-        pads = self.pads.to(input_ids.device).repeat_interleave(rows // len(self.pads))
-        head = input_ids[:, :self.width]
-        pad = torch.arange(self.width, device=input_ids.device)[None, :] < pads[:, None]
+        pads, pad = self._row_pads(input_ids.device, input_ids.shape[0])
         if self.fill == "length":  # MinLengthLogitsProcessor, each row's own length
             short = input_ids.shape[-1] - pads < self.inner.min_length
             eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device),
@@ -1140,8 +1148,8 @@ class _Unpadded:
             filler = input_ids.gather(1, pads[:, None])
         else:
             filler = torch.full_like(pads[:, None], -1)
-        ids = torch.cat([torch.where(pad, filler, head), input_ids[:, self.width:]], 1)
-        return self.inner(ids, scores)
+        head = torch.where(pad, filler, input_ids[:, :self.width])
+        return self.inner(torch.cat([head, input_ids[:, self.width:]], 1), scores)
 
 
 def _unpadded_processors(model, lengths: np.ndarray, columns: int):
