@@ -286,7 +286,7 @@ def methods_for(args, torch, transformers, hf, prompts, only=None):
             m = make(k)
             out[f"prepack {k}"] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, gen))
         name = f"prepack sdpa, {args.decode_batches} decode batches"
-        if k == "sdpa" and args.decode_batches > 1 and want(name):
+        if k == "sdpa" and args.decode_batches != 1 and want(name):
             m = make(k)
             out[name] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, True,
                                            args.decode_batches))
@@ -568,8 +568,9 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--kernels", default="sdpa,eager,flex_attention")
     ap.add_argument("--sorted-batch", type=int, default=16)
-    ap.add_argument("--decode-batches", type=int, default=4,
-                    help="also prepack sdpa decoding this many length-sorted batches")
+    ap.add_argument("--decode-batches", type=lambda v: v if v == "auto" else int(v), default=4,
+                    help="also prepack sdpa decoding this many length-sorted batches, or "
+                    "'auto' (prepack.hf.generate's modelled choice)")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count())

@@ -927,7 +927,8 @@ class _Progress:
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_mask=None,
              tokenizer=None, capacity: Optional[int] = None, method: str = "ffd",
-             decode_batches: int = 1, progress: bool = False, **generate_kwargs):
+             decode_batches: Union[int, str] = 1, progress: bool = False,
+             **generate_kwargs):
     """Continues every prompt: one prepacked prefill, then one batched ``model.generate`` over all
     prompts from the left-padded batch cache.
 
@@ -956,7 +957,14 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     the concatenation and, under sdpa with grouped-query heads, once per query head), so where
     that traffic dominates a step (a CPU, heavy-tailed prompts) several narrow batches decode
     faster; where a step's fixed cost dominates (a GPU), one batch does. Outputs are the same
-    (token lists only: return_dict_in_generate and streamers take one batch).
+    (token lists only: return_dict_in_generate and streamers take one batch). "auto": on a CPU,
+    the length-sorted batches that minimise a decode step's modelled cost, each batch a fixed
+    cost (a pass over the weights) plus one per cached slot (its sequences times its columns,
+    full-attention layers' keys and values, copied once for the concatenation and twice per
+    query head; constants fitted on 2 CPU cores, see docs/python.md), chosen exactly over every
+    split by length (O(L^2), L distinct lengths); one batch elsewhere, and with
+    return_dict_in_generate or a streamer. Sampled outputs depend on the batching, as with any
+    decode_batches.
 
     Returns, by default, a list of the new tokens of every returned sequence (n_prompts *
     num_return_sequences lists, prompt-major), each ending where generating it alone would stop
@@ -982,7 +990,10 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     if max_new_tokens is not None:
         generate_kwargs["max_new_tokens"] = _integer("max_new_tokens", max_new_tokens, 1)
     capacity = _capacity(capacity)
-    decode_batches = _integer("decode_batches", decode_batches, 1)
+    auto = isinstance(decode_batches, str)
+    if auto and decode_batches != "auto":
+        raise ValueError(f"decode_batches {decode_batches!r}: an integer >= 1 or 'auto'")
+    decode_batches = 1 if auto else _integer("decode_batches", decode_batches, 1)
     config, _ = model._prepare_generation_config(generate_kwargs.get("generation_config"),
                                                  **{k: v for k, v in generate_kwargs.items()
                                                     if k != "generation_config"})
@@ -1045,19 +1056,11 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
                              f"{config.max_length} (model.generate refuses it alone): set "
                              f"max_new_tokens")
         generate_kwargs.pop("max_length", None)
-    # The decode batches: prompt indices, by length when there are several.
-    order = np.argsort(lengths, kind="stable") if n_batches > 1 else np.arange(len(ps))
-    groups = [g for g in np.array_split(order, n_batches)]
-    if room is not None and beams > 1:
-        # A beam search's result depends on its length bound, not only its prefix: each decode
-        # batch holds prompts of one length, so each runs to its own max_length.
-        groups = [g[lengths[g] == n] for g in groups for n in np.unique(lengths[g])]
-    steps = [config.max_new_tokens if room is None else int(room[g].max()) for g in groups]
     # Every prompt but its last token, packed and prefilled once.
     heads = lengths - 1
     present = np.full(len(ps), -1, np.int64)
     present[heads > 0] = np.arange(int((heads > 0).sum()))
-    caches: List[Any] = [None] * len(groups)
+    rows = None
     if (heads > 0).any() and not assisted:
         keep = np.ones(len(tokens), bool)
         keep[np.cumsum(lengths) - 1] = False
@@ -1065,6 +1068,21 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
                       method)
         _, rows = _forward(model, t, batch, True, None, progress)
         packed = batch.left_padded_slots()
+    # The decode batches: prompt indices, by length when there are several.
+    if (auto and rows is not None and t.device.type == "cpu" and len(ps) > 1
+            and not (config.return_dict_in_generate or generate_kwargs.get("streamer"))):
+        fixed = _fixed_step_slots(model, t, rows) / expand
+        groups = _decode_groups(lengths, fixed, (config.max_new_tokens or 0) / 2)
+    else:
+        order = np.argsort(lengths, kind="stable") if n_batches > 1 else np.arange(len(ps))
+        groups = [g for g in np.array_split(order, n_batches)]
+    if room is not None and beams > 1:
+        # A beam search's result depends on its length bound, not only its prefix: each decode
+        # batch holds prompts of one length, so each runs to its own max_length.
+        groups = [g[lengths[g] == n] for g in groups for n in np.unique(lengths[g])]
+    steps = [config.max_new_tokens if room is None else int(room[g].max()) for g in groups]
+    caches: List[Any] = [None] * len(groups)
+    if rows is not None:
         for k, g in enumerate(groups):
             columns = int(lengths[g].max()) - 1
             if columns > 0:
@@ -1111,6 +1129,52 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
         if bar is not None:
             bar.bar.close()
     return [seq for per_prompt in out for seq in per_prompt]
+
+
+def _fixed_step_slots(model, t: _Target, rows_cache) -> float:
+    """A decode step's cost per batch that does not grow with its cache, in cached slots: one
+    pass over the weights (their bytes, the input embedding left out unless the output layer
+    reads it, streamed 3.7x cheaper a byte than the cache) and about 0.35 ms of dispatch a layer
+    (2.2 MB at the 6.3 GB/s the cache traffic ran at), against a slot's traffic, its
+    full-attention keys and values copied once for the concatenation and twice per query head
+    (sdpa's and eager's repeat over grouped heads). Fitted on 2 CPU cores: a step of
+    bench/bench_hf.py's large shape, 64 heavy-tailed prompts, took 0.53 s in one batch and 0.285 s
+    in four, and its tiny, small and large shapes 1.0, 9.7 and 22 ms at one sequence. inf where no
+    layer's cache grows with the prompt (all sliding)."""
+    full = [i for i, kind in enumerate(t.layer_types) if t.windows[kind] is None]
+    layers = rows_cache.layers
+    slot = sum(x.shape[1] * x.shape[-1] * x.element_size()
+               for i in full for x in (layers[i].keys, layers[i].values))
+    if slot == 0:
+        return float("inf")
+    kv_heads = layers[full[0]].keys.shape[1]
+    heads = getattr(_text_config(model), "num_attention_heads", None)
+    repeat = heads / kv_heads if isinstance(heads, int) and heads >= kv_heads > 0 else 1.0
+    weight = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if getattr(emb, "weight", None) is not None and getattr(out, "weight", None) is not emb.weight:
+        weight -= emb.weight.numel() * emb.weight.element_size()
+    return (weight / 3.7 + 2.2e6 * len(t.layer_types)) / (slot * (1 + 2 * repeat))
+
+
+def _decode_groups(lengths: np.ndarray, fixed: float, extra: float) -> List[np.ndarray]:
+    """Prompt indices in length-sorted groups minimising len(groups) * fixed + the sum over
+    groups of (its prompts) * (its longest length + extra): exact over every split between
+    distinct lengths (a group boundary inside one length never helps), O(L^2) for L of them."""
+    order = np.argsort(lengths, kind="stable")
+    width, count = np.unique(lengths[order], return_counts=True)
+    ahead = np.concatenate([[0], np.cumsum(count)]).astype(np.float64)
+    best = np.zeros(len(width) + 1)
+    cut = np.zeros(len(width) + 1, np.int64)
+    for j in range(1, len(width) + 1):
+        cost = best[:j] + fixed + (ahead[j] - ahead[:j]) * (float(width[j - 1]) + extra)
+        cut[j] = int(np.argmin(cost))
+        best[j] = cost[cut[j]]
+    bounds, j = [], len(width)
+    while j > 0:
+        bounds.append(int(ahead[j]))
+        j = int(cut[j])
+    return np.split(order, sorted(bounds)[:-1])
 
 
 class _Unpadded:

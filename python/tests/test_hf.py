@@ -199,6 +199,36 @@ def test_greedy_generation_equals_generating_alone(name, impl):
         assert g == generate_alone(m, p, max_new_tokens=6, do_sample=False), len(p)
     # Length-sorted decode batches, each from its own narrow cache: the same tokens.
     assert hf.generate(m, prompts, 6, do_sample=False, decode_batches=3) == got
+    assert hf.generate(m, prompts, 6, do_sample=False, decode_batches="auto") == got
+
+
+def test_auto_decode_batches_minimise_the_modelled_cost():
+    """decode_batches="auto"'s split against every split of the length-sorted prompts: the
+    least of (batches) * fixed + sum over batches of (prompts) * (longest + extra)."""
+    import itertools
+
+    def cost(groups, lengths, fixed, extra):
+        return sum(fixed + len(g) * (max(lengths[i] for i in g) + extra) for g in groups)
+
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        n = int(rng.integers(1, 10))
+        lengths = np.clip(rng.lognormal(2.5, 1.0, n).astype(int), 1, 300)
+        if trial % 4 == 0:
+            lengths[: n // 2] = lengths[0]  # ties
+        fixed = float(rng.choice([0.0, 1.0, 30.0, 400.0, float("inf")]))
+        extra = float(rng.choice([0.0, 8.0]))
+        got = hf._decode_groups(lengths, fixed, extra)
+        flat = np.concatenate(got)
+        assert sorted(flat.tolist()) == list(range(n))
+        assert all(lengths[a].max() <= lengths[b].min() for a, b in zip(got, got[1:]))
+        order = sorted(range(n), key=lambda i: lengths[i])
+        best = min(cost([order[a:b] for a, b in zip((0,) + cuts, cuts + (n,))], lengths, fixed,
+                        extra)
+                   for k in range(n) for cuts in itertools.combinations(range(1, n), k))
+        assert cost(got, lengths, fixed, extra) == pytest.approx(best), (lengths, fixed, extra)
+        if fixed == float("inf"):
+            assert len(got) == 1
 
 
 def test_generate_arguments_as_model_generate_takes_them():
@@ -525,6 +555,8 @@ def test_inputs_as_users_have_them():
         hf.padded_prefill(m, [[1, 2]], pad_token_id=-1)
     with pytest.raises(TypeError, match="decode_batches: 1.5 is not an integer"):
         hf.generate(m, [[1, 2]], 2, decode_batches=1.5)
+    with pytest.raises(ValueError, match="decode_batches 'fast': an integer >= 1 or 'auto'"):
+        hf.generate(m, [[1, 2]], 2, decode_batches="fast")
     with pytest.raises(TypeError, match="n_targets: float64 values, integers expected"):
         hf.score(m, [[1, 2, 3]], 1.5)
     with pytest.raises(ValueError, match=r"batch_rows 0 \(at least 1\)"):
