@@ -8,8 +8,10 @@ Methods (rows of the table):
   sorted padded     the paper's length-ordered baseline: prompts sorted by length, padded
                     batches of --sorted-batch prompts, one after the other
   prepack <kernel>  prepack.hf.prefill / prepack.hf.generate under each attention kernel given
-                    (eager, sdpa, flex_attention; flash_attention_2 where installed); under sdpa
-                    also generate decoding --decode-batches length-sorted batches
+                    (eager, sdpa, flex_attention; flash_attention_2 where installed), generate
+                    with its default decode batches ("auto": on a CPU length-sorted batches,
+                    on a GPU one); under sdpa also --decode-batches (default on a CPU: 1, the
+                    one-batch decode beside the default's)
   padding-free      transformers' own padding-free forward (one row, position ids restarting,
                     no mask, no cache) under sdpa and flex_attention: prefill only
   continuous        transformers' continuous batching (model.generate_batch, paged cache)
@@ -202,7 +204,7 @@ def padded_method(torch, model, prompts, new_tokens, groups=None):
     return prefill, ttft, generate
 
 
-def prepack_method(torch, hf, model, prompts, new_tokens, with_generate=True, decode_batches=1):
+def prepack_method(torch, hf, model, prompts, new_tokens, with_generate=True, decode_batches=None):
     def prefill():
         return hf.prefill(model, prompts, cache=None).logits
 
@@ -211,8 +213,9 @@ def prepack_method(torch, hf, model, prompts, new_tokens, with_generate=True, de
         return r.next_tokens(), r
 
     def generate():
+        kw = {} if decode_batches is None else dict(decode_batches=decode_batches)
         return hf.generate(model, prompts, new_tokens, min_new_tokens=new_tokens,
-                           do_sample=False, decode_batches=decode_batches)
+                           do_sample=False, **kw)
 
     return prefill, ttft, generate if with_generate else None
 
@@ -285,8 +288,9 @@ def methods_for(args, torch, transformers, hf, prompts, only=None):
         if want(f"prepack {k}"):
             m = make(k)
             out[f"prepack {k}"] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, gen))
-        name = f"prepack sdpa, {args.decode_batches} decode batches"
-        if k == "sdpa" and args.decode_batches != 1 and want(name):
+        name = (f"prepack sdpa, {args.decode_batches} decode "
+                f"batch{'' if args.decode_batches == 1 else 'es'}")
+        if k == "sdpa" and args.decode_batches is not None and want(name):
             m = make(k)
             out[name] = (m, prepack_method(torch, hf, m, prompts, args.new_tokens, True,
                                            args.decode_batches))
@@ -568,9 +572,10 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--kernels", default="sdpa,eager,flex_attention")
     ap.add_argument("--sorted-batch", type=int, default=16)
-    ap.add_argument("--decode-batches", type=lambda v: v if v == "auto" else int(v), default=4,
-                    help="also prepack sdpa decoding this many length-sorted batches, or "
-                    "'auto' (prepack.hf.generate's modelled choice)")
+    ap.add_argument("--decode-batches", type=lambda v: v if v == "auto" else int(v), default=None,
+                    help="also prepack sdpa decoding this many length-sorted batches (default "
+                    "1 on a CPU, beside the library's default 'auto'; none on CUDA, where 'auto' "
+                    "is one batch)")
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -598,6 +603,8 @@ def main():
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     args.device = torch.device("cuda" if cuda else "cpu")
     args.dtype = torch.bfloat16 if cuda else torch.float32
+    if args.decode_batches is None and not cuda:
+        args.decode_batches = 1  # one decode batch, beside the default's length-sorted batches
     args.model = args.model or ("1.3b" if cuda else "large")
     counts = args.prompts or ("64,256" if cuda else "64")
     args.kernels = args.kernels.split(",")

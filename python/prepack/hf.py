@@ -927,10 +927,11 @@ class _Progress:
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_mask=None,
              tokenizer=None, capacity: Optional[int] = None, method: str = "ffd",
-             decode_batches: Union[int, str] = 1, progress: bool = False,
+             decode_batches: Union[int, str] = "auto", progress: bool = False,
              **generate_kwargs):
-    """Continues every prompt: one prepacked prefill, then one batched ``model.generate`` over all
-    prompts from the left-padded batch cache.
+    """Continues every prompt: one prepacked prefill, then a batched ``model.generate`` from the
+    left-padded batch cache: over all prompts in one batch on a GPU, in the length-sorted batches
+    a decode step costs least in on a CPU (``decode_batches``).
 
     The prefill covers every prompt but its last token; generate runs that token first, so its
     logits pass through the generation config's processors like every other (sampling,
@@ -950,8 +951,9 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     honoured); ``use_cache=False`` decodes from the prefilled cache all the same (the same
     tokens as recomputing every step, at the cost of a cached decode).
 
-    decode_batches: 1 (default) decodes every prompt in one batch, whose cache is as wide as the
-    longest prompt. k > 1 sorts the prompts by length and decodes k batches of about n / k
+    decode_batches: "auto" (default): on a CPU, the length-sorted batches that minimise a decode
+    step's modelled cost (below); one batch on a GPU. 1 decodes every prompt in one batch, whose
+    cache is as wide as the longest prompt. k > 1 sorts the prompts by length and decodes k batches of about n / k
     prompts one after another, each from its own cache only as wide as its longest prompt, all
     gathered from the one packed prefill: a decode step reads and copies each cache whole (for
     the concatenation and, under sdpa with grouped-query heads, once per query head), so where
@@ -962,9 +964,12 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     cost (a pass over the weights) plus one per cached slot (its sequences times its columns,
     full-attention layers' keys and values, copied once for the concatenation and twice per
     query head; constants fitted on 2 CPU cores, see docs/python.md), chosen exactly over every
-    split by length (O(L^2), L distinct lengths); one batch elsewhere, and with
-    return_dict_in_generate or a streamer. Sampled outputs depend on the batching, as with any
-    decode_batches.
+    split by length (O(L^2), L distinct lengths), so prompts of one length decode in one batch.
+    It changes the time only: one batch on a GPU, and wherever the batching shows in the output
+    or to what the caller passed: sampling (one batch draws as ``model.generate`` on the padded
+    batch with the same seed; a split draws otherwise), return_dict_in_generate, a streamer, the
+    caller's stopping_criteria or logits_processor (they get the batch's rows) and max_time (it
+    bounds the whole call). With k > 1, sampled outputs depend on the batching.
 
     Returns, by default, a list of the new tokens of every returned sequence (n_prompts *
     num_return_sequences lists, prompt-major), each ending where generating it alone would stop
@@ -1068,9 +1073,17 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
                       method)
         _, rows = _forward(model, t, batch, True, None, progress)
         packed = batch.left_padded_slots()
-    # The decode batches: prompt indices, by length when there are several.
+    # The decode batches: prompt indices, by length when there are several. "auto" splits only
+    # where the split changes nothing but the time: no sampling (its draws follow the batch's
+    # rows: one batch draws as model.generate on the padded batch), no streamer or returned
+    # batch, no stopping criteria or logits processors of the caller's (they get the batch's
+    # rows by position), no max_time (it bounds the whole call).
     if (auto and rows is not None and t.device.type == "cpu" and len(ps) > 1
-            and not (config.return_dict_in_generate or generate_kwargs.get("streamer"))):
+            and not (config.return_dict_in_generate or generate_kwargs.get("streamer")
+                     or config.do_sample
+                     or generate_kwargs.get("stopping_criteria")
+                     or generate_kwargs.get("logits_processor")
+                     or config.max_time is not None)):
         fixed = _fixed_step_slots(model, t, rows) / expand
         groups = _decode_groups(lengths, fixed, (config.max_new_tokens or 0) / 2)
     else:

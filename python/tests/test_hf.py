@@ -194,12 +194,12 @@ def test_greedy_generation_equals_generating_alone(name, impl):
     supported(m, impl)
     m.generation_config.pad_token_id = 0
     prompts = heavy_prompts(8, seed=3)
-    got = hf.generate(m, prompts, 6, do_sample=False)
+    got = hf.generate(m, prompts, 6, do_sample=False, decode_batches=1)
     for p, g in zip(prompts, got):
         assert g == generate_alone(m, p, max_new_tokens=6, do_sample=False), len(p)
     # Length-sorted decode batches, each from its own narrow cache: the same tokens.
     assert hf.generate(m, prompts, 6, do_sample=False, decode_batches=3) == got
-    assert hf.generate(m, prompts, 6, do_sample=False, decode_batches="auto") == got
+    assert hf.generate(m, prompts, 6, do_sample=False) == got  # "auto"
 
 
 def test_auto_decode_batches_minimise_the_modelled_cost():
@@ -229,6 +229,50 @@ def test_auto_decode_batches_minimise_the_modelled_cost():
         assert cost(got, lengths, fixed, extra) == pytest.approx(best), (lengths, fixed, extra)
         if fixed == float("inf"):
             assert len(got) == 1
+
+
+def test_default_decode_splits_only_where_nothing_sees_the_batch(monkeypatch):
+    """The default, decode_batches="auto", on a CPU: length-sorted batches where the split shows
+    in nothing but the time (here every distinct length its own batch: no fixed cost a batch),
+    one batch under sampling, a caller's stopping criterion or logits processor, max_time,
+    return_dict_in_generate and a streamer; the tokens are the same either way."""
+    m = model("llama", "sdpa")
+    m.generation_config.pad_token_id = 0
+    prompts = heavy_prompts(6, seed=4)
+    monkeypatch.setattr(hf, "_fixed_step_slots", lambda *a: 0.0)
+    rows = []
+    real = m.generate
+
+    def spy(*args, **kwargs):
+        rows.append(kwargs["input_ids"].shape[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(m, "generate", spy)
+    one = hf.generate(m, prompts, 4, do_sample=False, decode_batches=1)
+    assert rows == [len(prompts)]
+    rows.clear()
+    assert hf.generate(m, prompts, 4, do_sample=False) == one
+    assert sorted(rows) == sorted(np.unique([len(p) for p in prompts], return_counts=True)[1])
+
+    class Never(transformers.StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    class Same(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            return scores
+
+    for kw in (dict(do_sample=True, top_k=1),
+               dict(stopping_criteria=transformers.StoppingCriteriaList([Never()])),
+               dict(logits_processor=transformers.LogitsProcessorList([Same()])),
+               dict(max_time=1e6)):
+        rows.clear()
+        got = hf.generate(m, prompts, 4, **dict(dict(do_sample=False), **kw))
+        assert rows == [len(prompts)], kw
+        assert got == one, kw
+    rows.clear()
+    out = hf.generate(m, prompts, 4, do_sample=False, return_dict_in_generate=True)
+    assert rows == [len(prompts)] and out.sequences.shape[0] == len(prompts)
 
 
 def test_generate_arguments_as_model_generate_takes_them():
