@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import math
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -942,9 +943,10 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     a streamer, max_length counts the left-padded batch's columns, as ``model.generate`` on a
     padded batch does: prefer ``max_new_tokens``). The processors that read the prompt
     (repetition penalty, ``no_repeat_ngram_size``, ``sequence_bias``, ``bad_words_ids``,
-    ``prefix_allowed_tokens_fn``) see each row without its left pads, so they act as on the
-    prompt alone (``model.generate`` on a padded batch counts the pads);
-    ``prefix_allowed_tokens_fn`` gets the prompt's index in ``prompts``. Stopping criteria and logits processors passed in see the padded rows.
+    ``forced_bos_token_id``, ``prefix_allowed_tokens_fn``) see each row without its left pads,
+    so they act as on the prompt alone (``model.generate`` on a padded batch counts the pads);
+    ``prefix_allowed_tokens_fn`` gets the prompt's index in ``prompts``. Stopping criteria and
+    logits processors passed in see the padded rows.
     ``generation_config`` is passed on; ``cache_implementation`` picks the class of the prefilled
     cache generate continues: a DynamicCache (None, "dynamic", "offloaded") or a StaticCache as
     large as ``model.generate`` makes it ("static", "offloaded_static"; ``max_cache_len``
@@ -986,8 +988,9 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     max_new_tokens).
 
     Assisted decoding (``assistant_model``, ``prompt_lookup_num_tokens``, ``assistant_early_exit``)
-    runs ``model.generate`` on each prompt alone, without the prefill: transformers' assisted
-    decoding takes one sequence a call and does not continue a prefilled cache.
+    and ``token_healing`` run ``model.generate`` on each prompt alone, without the prefill:
+    transformers' assisted decoding takes one sequence a call and does not continue a prefilled
+    cache, and token healing rewrites the prompt's tail before generating.
     """
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
@@ -1012,14 +1015,19 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     # Assisted decoding takes one sequence a call and, in transformers, does not continue a
     # prefilled cache (from one its tokens differ from greedy decoding's): each prompt is
     # generated alone, from its prompt.
+    # Token healing rewrites each prompt's tail before generating (re-tokenised, its last token
+    # regenerated): the prefill of the prompt as given does not hold; each prompt runs alone too.
     assisted = (generate_kwargs.get("assistant_model") is not None
                 or bool(getattr(config, "prompt_lookup_num_tokens", None))
                 or bool(getattr(config, "assistant_early_exit", None)))
-    if assisted:
+    healing = bool(getattr(config, "token_healing", False))
+    alone = assisted or healing
+    if alone:
         n_batches = len(ps)
     if n_batches > 1 and (config.return_dict_in_generate or generate_kwargs.get("streamer")):
-        why = "assisted decoding takes one prompt a call" if assisted else (
-            f"decode_batches {decode_batches}")
+        why = ("assisted decoding takes one prompt a call" if assisted else
+               "token healing rewrites each prompt, generated alone" if healing else
+               f"decode_batches {decode_batches}")
         raise ValueError(f"{why}: return_dict_in_generate and streamers take one batch "
                          f"(decode_batches=1)")
     if tokenizer is not None:
@@ -1066,7 +1074,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     present = np.full(len(ps), -1, np.int64)
     present[heads > 0] = np.arange(int((heads > 0).sum()))
     rows = None
-    if (heads > 0).any() and not assisted:
+    if (heads > 0).any() and not alone:
         keep = np.ones(len(tokens), bool)
         keep[np.cumsum(lengths) - 1] = False
         batch = _pack(t, _prepack.Prompts.from_flat(tokens[keep], heads[heads > 0]), capacity,
@@ -1129,7 +1137,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
 
                 kwargs["stopping_criteria"] = StoppingCriteriaList(
                     [*(kwargs.get("stopping_criteria") or []), bar])
-            with _unpadded_processors(model, lengths[g], columns):
+            with _unpadded_processors(model, lengths[g], columns,
+                                      None if room is None else int(config.max_length)):
                 result = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             if config.return_dict_in_generate:
                 return result
@@ -1197,10 +1206,13 @@ class _Unpadded:
     processed as its prompt alone would be. ``fill`` is "first" (the row's first real token: the
     repetition penalty reads the set of tokens seen, which it leaves unchanged) or "never" (-1,
     which no n-gram, sequence or bad word matches); "length" (min_length) bans EOS in each row
-    shorter than min_length without its pads. Cost per step: one [rows, longest pad] select."""
+    shorter than min_length without its pads; "bos" (forced_bos_token_id) forces BOS at the first
+    step of each row of one token without its pads, as alone; "eos" (forced_eos_token_id under a
+    max_length that bounds each row on its own) forces EOS at each row's own last step. Cost per
+    step: one [rows, longest pad] select."""
 
-    def __init__(self, inner, pads: torch.Tensor, fill: str):
-        self.inner, self.pads, self.fill = inner, pads, fill
+    def __init__(self, inner, pads: torch.Tensor, fill: str, max_length: Optional[int] = None):
+        self.inner, self.pads, self.fill, self.max_length = inner, pads, fill, max_length
         self.width = int(pads.max())
         self._rows: Dict[Tuple[torch.device, int], Tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -1221,6 +1233,17 @@ class _Unpadded:
             eos = torch.isin(torch.arange(scores.shape[-1], device=scores.device),
                              self.inner.eos_token_id.to(scores.device))
             return torch.where(short[:, None] & eos[None, :], -float("inf"), scores)
+        if self.fill in ("bos", "eos"):
+            # ForcedBOSTokenLogitsProcessor: a one-token row's first step;
+            # ForcedEOSTokenLogitsProcessor: each row's own last step under max_length.
+            own = input_ids.shape[-1] - pads
+            at = own == 1 if self.fill == "bos" else own == self.max_length - 1
+            forced = torch.full_like(scores, -math.inf)
+            if self.fill == "bos":
+                forced[:, self.inner.bos_token_id] = 0
+            else:
+                forced[:, self.inner.eos_token_id.to(scores.device)] = 0
+            return torch.where(at[:, None], forced, scores)
         if self.fill == "first":
             filler = input_ids.gather(1, pads[:, None])
         else:
@@ -1229,17 +1252,23 @@ class _Unpadded:
         return self.inner(torch.cat([head, input_ids[:, self.width:]], 1), scores)
 
 
-def _unpadded_processors(model, lengths: np.ndarray, columns: int):
+def _unpadded_processors(model, lengths: np.ndarray, columns: int,
+                         max_length: Optional[int] = None):
     """A context in which ``model.generate`` builds its prompt-reading logits processors as
     ``_Unpadded`` ones (same processors, same order) for a batch left-padded to ``columns``.
-    Nothing changes where no row is padded."""
+    max_length: each row's own bound on its length, where the batch runs to its shortest
+    prompt's (the forced EOS then comes at each row's own last step). Nothing changes where no
+    row is padded."""
     from transformers.generation import logits_process as lp
 
     fills = {lp.RepetitionPenaltyLogitsProcessor: "first",
              lp.NoRepeatNGramLogitsProcessor: "never",
              lp.SequenceBiasLogitsProcessor: "never",
              lp.NoBadWordsLogitsProcessor: "never",
-             lp.MinLengthLogitsProcessor: "length"}
+             lp.MinLengthLogitsProcessor: "length",
+             lp.ForcedBOSTokenLogitsProcessor: "bos"}
+    if max_length is not None:
+        fills[lp.ForcedEOSTokenLogitsProcessor] = "eos"
     pads = torch.from_numpy(columns - lengths.astype(np.int64))
 
     @contextlib.contextmanager
@@ -1252,8 +1281,8 @@ def _unpadded_processors(model, lengths: np.ndarray, columns: int):
 
         def get_logits_processor(*args, **kwargs):
             procs = build(*args, **kwargs)
-            return type(procs)(_Unpadded(p, pads, fills[type(p)]) if type(p) in fills else p
-                               for p in procs)
+            return type(procs)(_Unpadded(p, pads, fills[type(p)], max_length)
+                               if type(p) in fills else p for p in procs)
 
         model._get_logits_processor = get_logits_processor
         try:

@@ -432,7 +432,9 @@ def test_length_bounds_count_each_prompt_alone():
     greedy = hf.generate(m, prompts, 8, do_sample=False, pad_token_id=0)
     eos = greedy[1][1]  # prompt 1 (one token) emits it second: min_length holds it back
     cases = [dict(max_length=30), dict(max_length=30, num_beams=3, num_return_sequences=2),
-             dict(max_new_tokens=8, min_length=12, eos_token_id=eos)]
+             dict(max_new_tokens=8, min_length=12, eos_token_id=eos),
+             # EOS forced at each sequence's own last step under max_length.
+             dict(max_length=30, forced_eos_token_id=(eos + 1) % VOCAB)]
     for kw in cases:
         want = [s for p in prompts for s in alone_tokens(p, **kw)]
         for batches in (1, 3):
@@ -464,8 +466,8 @@ def test_assisted_decoding_generates_each_prompt_alone():
 
 
 def test_processors_that_read_the_prompt_see_it_without_pads():
-    """Repetition penalty, n-gram bans, sequence biases, bad words and prefix_allowed_tokens_fn
-    read the prompt: each prompt's tokens equal generating it alone, though the decode batch is
+    """Repetition penalty, n-gram bans, sequence biases, bad words, a forced BOS and
+    prefix_allowed_tokens_fn read the prompt: each prompt's tokens equal generating it alone, though the decode batch is
     left-padded with a token these processors would otherwise count (as model.generate on the
     padded batch does, asserted here so the check can fail)."""
     m = model("llama", "sdpa")
@@ -483,7 +485,9 @@ def test_processors_that_read_the_prompt_see_it_without_pads():
              # Sequences longer than prompt 1 (one token): alone, they never match it.
              dict(sequence_bias={(pad, prompts[1][0], 7): 30.0}),
              dict(bad_words_ids=[[pad, prompts[1][0], greedy[1][0]]]),
-             dict(repetition_penalty=2.0, num_beams=3, num_return_sequences=2)]
+             dict(repetition_penalty=2.0, num_beams=3, num_return_sequences=2),
+             # Forced at the first step of a one-token prompt (prompt 1), as alone.
+             dict(forced_bos_token_id=(greedy[1][0] + 1) % VOCAB)]
     batch_differs = 0
     for kw in cases:
         want = [s for p in prompts for s in alone_tokens(p, **kw)]

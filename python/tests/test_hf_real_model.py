@@ -64,3 +64,20 @@ def test_real_model_prepacked_equals_alone(model_and_tokenizer, impl):
                               do_sample=False, pad_token_id=tok.eos_token_id)[0, len(p):].tolist()
         assert g == want
     assert "Paris" in tok.decode(got[0])
+
+
+def test_token_healing_generates_each_prompt_alone(model_and_tokenizer):
+    """token_healing rewrites each prompt's tail before generating (re-tokenised, BOS replaced),
+    so the prefill of the prompt as given cannot be continued (continuing it, the first prompt
+    generated a chat turn's header): each prompt's tokens as model.generate gives alone."""
+    model, tok = model_and_tokenizer
+    model.config._attn_implementation = "sdpa"
+    texts = ["The link is http", "Water boils at", "A list: 1. apples, 2"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    common = dict(max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
+    got = hf.generate(model, prompts, tokenizer=tok, token_healing=True, **common)
+    for p, g in zip(prompts, got):
+        ids = torch.tensor([p])
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), tokenizer=tok,
+                              token_healing=True, **common)[0, len(p):].tolist()
+        assert g == want
