@@ -910,6 +910,12 @@ def score(model, sequences, n_targets, *, capacity: Optional[int] = None, method
 # -- generation --------------------------------------------------------------------------------
 
 
+# Inputs of the model that generate makes from the prompts: given as well, model.generate would
+# ignore them or mix them with the prefilled batch.
+_MODEL_INPUTS = ("input_ids", "inputs", "inputs_embeds", "past_key_values", "position_ids",
+                 "cache_position", "token_type_ids", "labels", "decoder_input_ids")
+
+
 class _Progress:
     """A stopping criterion that stops nothing and advances a tqdm bar a step per token."""
 
@@ -985,13 +991,21 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     streamer, for a cache_implementation the prefill cannot become ("quantized"), num_beams or
     num_return_sequences below 1, a pad_token_id outside the vocabulary (without one, the first
     EOS in the vocabulary pads, else 0) and a prompt not below max_length (without
-    max_new_tokens).
+    max_new_tokens); TypeError for a model input it makes from the prompts given too (input_ids,
+    inputs_embeds, past_key_values, position_ids, cache_position, token_type_ids, labels).
 
     Assisted decoding (``assistant_model``, ``prompt_lookup_num_tokens``, ``assistant_early_exit``)
     and ``token_healing`` run ``model.generate`` on each prompt alone, without the prefill:
     transformers' assisted decoding takes one sequence a call and does not continue a prefilled
     cache, and token healing rewrites the prompt's tail before generating.
     """
+    for name in _MODEL_INPUTS:
+        if name in generate_kwargs:
+            why = ("it prefills the prompts' cache itself and continues no other (continue "
+                   "prefill(...).cache with model.generate)" if name == "past_key_values" else
+                   "it makes the model's inputs from prompts (token ids, positions, the mask and "
+                   "the prefilled cache)")
+            raise TypeError(f"{name}: prepack.hf.generate takes no {name}: {why}")
     t = _target(model)
     ps = as_prompts(prompts, attention_mask=attention_mask, tokenizer=tokenizer,
                     vocab_size=t.vocab_size)

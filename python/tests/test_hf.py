@@ -605,6 +605,14 @@ def test_inputs_as_users_have_them():
         hf.generate(m, [[1, 2]], 2, decode_batches=1.5)
     with pytest.raises(ValueError, match="decode_batches 'fast': an integer >= 1 or 'auto'"):
         hf.generate(m, [[1, 2]], 2, decode_batches="fast")
+    # The model's inputs come from the prompts: given as well, refused by name (model.generate
+    # would ignore a cache given, or mix ids, embeddings and positions with the batch's).
+    for name, value in (("past_key_values", transformers.DynamicCache()),
+                        ("input_ids", torch.tensor([[1, 2]])),
+                        ("inputs_embeds", torch.zeros(1, 2, 8)),
+                        ("position_ids", torch.zeros(1, 2, dtype=torch.long))):
+        with pytest.raises(TypeError, match=f"{name}: prepack.hf.generate takes no {name}"):
+            hf.generate(m, [[1, 2], [3]], 2, **{name: value})
     with pytest.raises(TypeError, match="n_targets: float64 values, integers expected"):
         hf.score(m, [[1, 2, 3]], 1.5)
     with pytest.raises(ValueError, match=r"batch_rows 0 \(at least 1\)"):
