@@ -1251,7 +1251,8 @@ class _Unpadded:
             # ForcedBOSTokenLogitsProcessor: a one-token row's first step;
             # ForcedEOSTokenLogitsProcessor: each row's own last step under max_length.
             own = input_ids.shape[-1] - pads
-            at = own == 1 if self.fill == "bos" else own == self.max_length - 1
+            last = 1 if self.fill == "bos" else int(self.max_length or 0) - 1
+            at: torch.Tensor = own == last
             forced = torch.full_like(scores, -math.inf)
             if self.fill == "bos":
                 forced[:, self.inner.bos_token_id] = 0
