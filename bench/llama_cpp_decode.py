@@ -9,6 +9,9 @@ step one llama_decode on the given threads; it prints the best and median step i
     python bench/llama_cpp_decode.py MODEL.gguf [--seqs 1 8] [--threads 2] [--markdown]
 
 With --markdown the steps come as a table, to append to bench_serve's quantized report.
+--no-repack keeps the weights in libllama's plain CPU buffer (llama.cpp's own --no-repack): on
+CPUs with AMX its repacked AMX matrix product can crash in llama_decode
+(ggml-org/llama.cpp#20824), and the repacked layouts are what users get by default.
 """
 import os
 import argparse
@@ -25,13 +28,19 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--no-repack", action="store_true",
+                    help="weights in the plain CPU buffer, not repacked (use_extra_bufts off)")
     a = ap.parse_args()
     if a.markdown:
         print(f"\n### llama.cpp on {os.path.basename(a.model)} (llama-cpp-python "
-              f"{L.__version__}, {a.threads} threads, {a.prompt}-token prompts, {a.steps} steps)\n")
+              f"{L.__version__}, {a.threads} threads, {a.prompt}-token prompts, {a.steps} steps"
+              f"{', weights not repacked' if a.no_repack else ''})\n")
         print("| sequences | decode step best ms | median ms |\n|---|---|---|")
     L.llama_backend_init()
-    model = L.llama_model_load_from_file(a.model.encode(), L.llama_model_default_params())
+    mp = L.llama_model_default_params()
+    if a.no_repack:
+        mp.use_extra_bufts = False
+    model = L.llama_model_load_from_file(a.model.encode(), mp)
     if not model:
         raise SystemExit(f"{a.model}: llama.cpp cannot load it")
     for npl in a.seqs:
