@@ -217,7 +217,8 @@ def as_prompts(prompts, *, attention_mask=None, tokenizer=None,
     """Prompts in every form users have them, as a prepack.Prompts (int32 token ids):
 
     - token-id sequences: lists, tuples, numpy arrays or torch tensors of Python, numpy or torch
-      integers, or a prepack.Prompts (returned as is);
+      integers, or a prepack.Prompts (returned as is); one flat sequence (a 1-D tensor or array,
+      a list of integers: what a tokenizer gives for one text) is one prompt;
     - a tokenizer's BatchEncoding, or any mapping with ``input_ids`` (and ``attention_mask``);
     - ``input_ids`` as a padded 2-D tensor or array with ``attention_mask`` (1 on real tokens; left
       or right padding is stripped); without a mask a 2-D input is refused, since its pads would
@@ -255,6 +256,18 @@ def _as_prompts(prompts, attention_mask, tokenizer) -> _prepack.Prompts:
         if tokenizer is None:
             raise TypeError("prompts: texts need tokenizer= (the model's tokenizer)")
         return _prepack.Prompts(tokenizer(texts, add_special_tokens=True)["input_ids"])
+    if isinstance(prompts, np.ndarray) and prompts.dtype == object and prompts.ndim == 1:
+        return _as_prompts(list(prompts), attention_mask, None)  # ragged: a list of prompts
+    if _one_prompt(prompts):
+        # One sequence of token ids (what a tokenizer gives for one text): one prompt.
+        if attention_mask is None:
+            return _prepack.Prompts([prompts])
+        m = attention_mask.detach().cpu().numpy() if isinstance(attention_mask, torch.Tensor) \
+            else np.asarray(attention_mask)
+        ids = prompts.detach().cpu().numpy() if isinstance(prompts, torch.Tensor) else \
+            np.asarray(prompts) if isinstance(prompts, np.ndarray) else _prepack.Prompts(
+                [prompts]).flat()[0]
+        return _as_prompts(ids[None], m if m.ndim == 2 else m[None], None)
     if isinstance(prompts, (torch.Tensor, np.ndarray)):
         a = prompts.detach().cpu().numpy() if isinstance(prompts, torch.Tensor) else prompts
         if a.ndim != 2:
@@ -285,6 +298,16 @@ def _as_prompts(prompts, attention_mask, tokenizer) -> _prepack.Prompts:
                                  f"its {len(ps[i])} tokens with ones")
         return ps
     return _prepack.Prompts(prompts)
+
+
+def _one_prompt(prompts) -> bool:
+    """A single prompt: a 1-D tensor or array, or a non-empty list or tuple of integer scalars
+    (Python, numpy or 0-D torch / numpy)."""
+    if isinstance(prompts, (torch.Tensor, np.ndarray)):
+        return prompts.ndim == 1
+    return isinstance(prompts, (list, tuple)) and len(prompts) > 0 and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+        or isinstance(x, (torch.Tensor, np.ndarray)) and x.ndim == 0 for x in prompts)
 
 
 def _strip_pads(ids: np.ndarray, attention_mask) -> _prepack.Prompts:

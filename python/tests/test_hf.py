@@ -565,6 +565,23 @@ def test_inputs_as_users_have_them():
     for what, kw in forms.items():
         got = hf.prefill(m, cache=None, **kw).logits
         assert torch.equal(got, want), what
+    # One prompt as one flat sequence: what a tokenizer gives for one text, with or without its
+    # mask (padded to a length too), a list of ints, a 1-D array or tensor.
+    one = {"BatchEncoding of one text": dict(prompts=tok(texts[0])),
+           "one text, padded": dict(prompts=tok(texts[0], padding="max_length", max_length=9)),
+           "a list of ints": dict(prompts=lists[0]),
+           "a 1-D array": dict(prompts=np.array(lists[0])),
+           "a 1-D tensor with its mask": dict(prompts=torch.tensor([0, 0] + lists[0]),
+                                              attention_mask=torch.tensor([0, 0] + [1] * 5))}
+    assert len(lists[0]) == 5
+    for what, kw in one.items():
+        got = hf.prefill(m, cache=None, **kw).logits
+        # (packed alone its row is narrower than beside the others: rounding apart)
+        assert got.shape[0] == 1, what
+        assert (got[0] - want[0]).abs().max() <= 1e-5 * want.abs().max(), what
+    # A ragged numpy object array: a list of prompts.
+    got = hf.prefill(m, np.array([lists[1], lists[2]], dtype=object), cache=None).logits
+    assert got.shape[0] == 2 and (got - want[1:]).abs().max() <= 1e-5 * want.abs().max()
 
     # Refused before anything runs, naming what is wrong.
     enc = tok(texts, padding=True, return_tensors="pt")
