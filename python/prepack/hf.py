@@ -45,6 +45,7 @@ import dataclasses
 import inspect
 import math
 import operator
+import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -976,6 +977,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     so they act as on the prompt alone (``model.generate`` on a padded batch counts the pads);
     ``prefix_allowed_tokens_fn`` gets the prompt's index in ``prompts``. Stopping criteria and
     logits processors passed in see the padded rows.
+    ``max_time`` bounds the whole call: the prefill and each decode batch count against it.
     ``generation_config`` is passed on; ``cache_implementation`` picks the class of the prefilled
     cache generate continues: a DynamicCache (None, "dynamic", "offloaded") or a StaticCache as
     large as ``model.generate`` makes it ("static", "offloaded_static"; ``max_cache_len``
@@ -1022,6 +1024,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     transformers' assisted decoding takes one sequence a call and does not continue a prefilled
     cache, and token healing rewrites the prompt's tail before generating.
     """
+    began = time.monotonic()
     for name in _MODEL_INPUTS:
         if name in generate_kwargs:
             why = ("it prefills the prompts' cache itself and continues no other (continue "
@@ -1161,6 +1164,10 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             flat = np.concatenate([tokens[starts[i]:starts[i] + lengths[i]] for i in g])
             ids, mask = _left_padded(flat, lengths[g], columns, pad_id, t.device)
             kwargs = dict(generate_kwargs)
+            if config.max_time is not None:
+                # max_time bounds the whole call, as it bounds model.generate's: the prefill and
+                # the batches before this one count against it.
+                kwargs["max_time"] = max(float(config.max_time) - (time.monotonic() - began), 0.0)
             if room is not None:
                 kwargs["max_new_tokens"] = steps[k]
             if caches[k] is not None:

@@ -240,11 +240,12 @@ def test_default_decode_splits_only_where_nothing_sees_the_batch(monkeypatch):
     m.generation_config.pad_token_id = 0
     prompts = heavy_prompts(6, seed=4)
     monkeypatch.setattr(hf, "_fixed_step_slots", lambda *a: 0.0)
-    rows = []
+    rows, times = [], []
     real = m.generate
 
     def spy(*args, **kwargs):
         rows.append(kwargs["input_ids"].shape[0])
+        times.append(kwargs.get("max_time"))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(m, "generate", spy)
@@ -273,6 +274,10 @@ def test_default_decode_splits_only_where_nothing_sees_the_batch(monkeypatch):
     rows.clear()
     out = hf.generate(m, prompts, 4, do_sample=False, return_dict_in_generate=True)
     assert rows == [len(prompts)] and out.sequences.shape[0] == len(prompts)
+    # Several batches asked for: max_time bounds the whole call, each batch gets what is left.
+    rows.clear(), times.clear()
+    assert hf.generate(m, prompts, 4, do_sample=False, max_time=1e6, decode_batches=3) == one
+    assert len(rows) == 3 and all(0 < t < 1e6 for t in times) and times == sorted(times)[::-1]
 
 
 def test_generate_arguments_as_model_generate_takes_them():
