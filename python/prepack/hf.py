@@ -1083,10 +1083,15 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     # The pad fills the decode batch's left columns and follows finished sequences into the
     # model's embedding: a token of the vocabulary. Without one, the first EOS that is one (as
     # model.generate takes EOS), else 0.
+    e = config.eos_token_id
+    eos = [] if e is None else e.reshape(-1).tolist() if isinstance(e, torch.Tensor) else \
+        list(e) if isinstance(e, (list, tuple)) else [e]
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0
+               for x in eos):
+        raise TypeError(f"eos_token_id: {e!r}; a token id (an integer >= 0) or a list of them "
+                        f"expected")
     pad_id = config.pad_token_id
     if pad_id is None:
-        eos = [] if config.eos_token_id is None else \
-            torch.as_tensor(config.eos_token_id).reshape(-1).tolist()
         pad_id = next((int(e) for e in eos if 0 <= int(e) < t.vocab_size), 0)
         generate_kwargs["pad_token_id"] = pad_id
     pad_id = _integer("pad_token_id", pad_id.item() if isinstance(pad_id, torch.Tensor)

@@ -627,6 +627,9 @@ def test_inputs_as_users_have_them():
         hf.generate(m, [[1, 2]], 2, decode_batches=1.5)
     with pytest.raises(ValueError, match="decode_batches 'fast': an integer >= 1 or 'auto'"):
         hf.generate(m, [[1, 2]], 2, decode_batches="fast")
+    for eos in ("a", [2, -1], 2.0):
+        with pytest.raises(TypeError, match=r"eos_token_id: .*; a token id \(an integer >= 0\)"):
+            hf.generate(m, [[1, 2]], 2, eos_token_id=eos)
     # The model's inputs come from the prompts: given as well, refused by name (model.generate
     # would ignore a cache given, or mix ids, embeddings and positions with the batch's).
     for name, value in (("past_key_values", transformers.DynamicCache()),
