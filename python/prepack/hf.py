@@ -265,9 +265,7 @@ def _as_prompts(prompts, attention_mask, tokenizer) -> _prepack.Prompts:
             return _prepack.Prompts([prompts])
         m = attention_mask.detach().cpu().numpy() if isinstance(attention_mask, torch.Tensor) \
             else np.asarray(attention_mask)
-        ids = prompts.detach().cpu().numpy() if isinstance(prompts, torch.Tensor) else \
-            np.asarray(prompts) if isinstance(prompts, np.ndarray) else _prepack.Prompts(
-                [prompts]).flat()[0]
+        ids = _prepack.Prompts([prompts]).flat()[0]  # checked and converted as any prompt
         return _as_prompts(ids[None], m if m.ndim == 2 else m[None], None)
     if isinstance(prompts, (torch.Tensor, np.ndarray)):
         a = prompts.detach().cpu().numpy() if isinstance(prompts, torch.Tensor) else prompts
@@ -984,11 +982,10 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     honoured); ``use_cache=False`` decodes from the prefilled cache all the same (the same
     tokens as recomputing every step, at the cost of a cached decode).
 
-    decode_batches: "auto" (default): on a CPU, the length-sorted batches that minimise a decode
-    step's modelled cost (below); one batch on a GPU. 1 decodes every prompt in one batch, whose
-    cache is as wide as the longest prompt. k > 1 sorts the prompts by length and decodes k batches of about n / k
-    prompts one after another, each from its own cache only as wide as its longest prompt, all
-    gathered from the one packed prefill: a decode step reads and copies each cache whole (for
+    decode_batches: "auto" (default, below), 1 or k > 1. 1 decodes every prompt in one batch,
+    whose cache is as wide as the longest prompt. k > 1 sorts the prompts by length and decodes
+    k batches of about n / k prompts one after another, each from its own cache only as wide as
+    its longest prompt, all gathered from the one packed prefill: a decode step reads and copies each cache whole (for
     the concatenation and, under sdpa with grouped-query heads, once per query head), so where
     that traffic dominates a step (a CPU, heavy-tailed prompts) several narrow batches decode
     faster; where a step's fixed cost dominates (a GPU), one batch does. Outputs are the same
@@ -1083,13 +1080,13 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     # The pad fills the decode batch's left columns and follows finished sequences into the
     # model's embedding: a token of the vocabulary. Without one, the first EOS that is one (as
     # model.generate takes EOS), else 0.
-    e = config.eos_token_id
-    eos = [] if e is None else e.reshape(-1).tolist() if isinstance(e, torch.Tensor) else \
-        list(e) if isinstance(e, (list, tuple)) else [e]
+    given = config.eos_token_id
+    eos = [] if given is None else given.reshape(-1).tolist() if isinstance(
+        given, torch.Tensor) else list(given) if isinstance(given, (list, tuple)) else [given]
     if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0
                for x in eos):
-        raise TypeError(f"eos_token_id: {e!r}; a token id (an integer >= 0) or a list of them "
-                        f"expected")
+        raise TypeError(f"eos_token_id: {given!r}; a token id (an integer >= 0) or a list of "
+                        f"them expected")
     pad_id = config.pad_token_id
     if pad_id is None:
         pad_id = next((int(e) for e in eos if 0 <= int(e) < t.vocab_size), 0)
