@@ -183,7 +183,7 @@ def padded_method(torch, model, prompts, new_tokens, groups=None):
             pos = (mask.cumsum(-1) - 1).clamp(min=0)
             r = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=use_cache,
                       logits_to_keep=1)
-            out.append((r.logits[:, -1], r.past_key_values))
+            out.append((r.logits[:, -1], r.get("cache", r.get("past_key_values"))))
         return out
 
     def prefill():

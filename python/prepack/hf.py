@@ -51,8 +51,18 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+import transformers
+from packaging.version import Version  # a dependency of transformers
 
 from . import _prepack
+
+# The oldest transformers whose cache API prepack.hf uses (cache_utils.get_layer_types_and_kwargs).
+_TRANSFORMERS_MIN = (5, 14)
+
+if Version(transformers.__version__).release < _TRANSFORMERS_MIN:
+    raise ImportError(f"prepack.hf needs transformers >= {'.'.join(map(str, _TRANSFORMERS_MIN))}; "
+                      f"this is transformers {transformers.__version__} (pip install -U "
+                      f"transformers)")
 
 __all__ = [
     "PrefillResult",
@@ -89,6 +99,14 @@ _NO_BLOCK_MASK = {
     "lfm2_moe": "its forward builds the convolution layers' mask from attention_mask's dimensions",
 }
 
+# Families whose forward cannot take packed rows, for a reason no general check sees.
+_REFUSED = {
+    "xlm": "its forward builds its own causal mask from the sequence lengths (its attention_mask "
+           "is a [batch, length] padding mask), so prompts cannot have their own blocks in a row",
+    "dory": "its recurrent loops keep extra cache layers that its forward adds to a cache only "
+            "when the cache holds exactly one layer per decoder layer",
+}
+
 
 # -- the model ---------------------------------------------------------------------------------
 
@@ -104,6 +122,7 @@ class _Target:
     vocab_size: int
     layer_types: List[str]  # [n_layers]  transformers' type of each cached layer
     windows: Dict[str, Optional[int]]  # layer type -> its sliding window (None: full)
+    cache_argument: str = "past_key_values"  # the cache's keyword in forward and generate
 
 
 def _text_config(model):
@@ -133,6 +152,8 @@ def _target(model) -> _Target:
         raise ValueError(f"{name} ({model_type}) under flex_attention: "
                          f"{_NO_BLOCK_MASK[model_type]}; load it with attn_implementation 'sdpa' "
                          f"or 'eager'")
+    if model_type in _REFUSED:
+        raise ValueError(f"{name} ({model_type}): {_REFUSED[model_type]}")
     if model_type in ("bloom", "mpt") or getattr(cfg, "alibi", False):
         raise ValueError(
             f"{name} ({model_type}): ALiBi derives positions from the attention mask, not from "
@@ -147,9 +168,10 @@ def _target(model) -> _Target:
         if hasattr(module, "create_position_ids_from_input_ids"):
             raise ValueError(f"{name} ({model_type}): {path} counts positions from the padding "
                              f"index in the token ids, not from position ids starting at 0")
-    if "past_key_values" not in params:
-        raise ValueError(f"{name}: its forward takes no past_key_values (it keeps no KV cache "
-                         f"and builds its own causal mask), so prompts cannot share a row")
+    if _cache_argument(params) is None:
+        raise ValueError(f"{name}: its forward takes no cache (neither cache nor past_key_values: "
+                         f"it keeps no KV cache and builds its own causal mask), so prompts "
+                         f"cannot share a row")
     for i, layer in enumerate(_decoder_layers(model)):
         # An encoder used as a decoder (BERT, RoBERTa, ... without is_decoder=True) attends both
         # ways; transformers marks each attention module's direction with is_causal.
@@ -167,7 +189,10 @@ def _target(model) -> _Target:
                              f"sequence, so prompts cannot share a row")
     from transformers.cache_utils import get_layer_types_and_kwargs
 
-    layer_types, layer_kwargs = get_layer_types_and_kwargs(cfg)
+    layer_types, kwargs = get_layer_types_and_kwargs(cfg)
+    # One set for every layer before transformers 5.19, one a layer from 5.19.
+    layer_kwargs: Sequence[Mapping[str, Any]] = \
+        [kwargs] * len(layer_types) if isinstance(kwargs, Mapping) else kwargs
     windows: Dict[str, Optional[int]] = {}
     for i, (t, kw) in enumerate(zip(layer_types, layer_kwargs)):
         if t not in _LAYER_TYPES:
@@ -180,7 +205,25 @@ def _target(model) -> _Target:
     vocab = getattr(emb, "num_embeddings", None) or cfg.vocab_size
     device = emb.weight.device if hasattr(emb, "weight") else model.device
     return _Target(kernel=_KERNELS[impl], impl=impl, dtype=_dtype(model), device=device,
-                   vocab_size=int(vocab), layer_types=list(layer_types), windows=windows)
+                   vocab_size=int(vocab), layer_types=list(layer_types), windows=windows,
+                   cache_argument=_cache_argument(params) or "past_key_values")
+
+
+def _cache_argument(params) -> Optional[str]:
+    """The name under which the model's forward (and so its generate) takes the KV cache:
+    ``cache`` from transformers 5.24, ``past_key_values`` before (still accepted there, with a
+    deprecation warning); None when it takes neither."""
+    for name in ("cache", "past_key_values"):
+        if name in params:
+            return name
+    return None
+
+
+def _output_cache(out):
+    """The cache a model's output holds: ``out.cache`` from transformers 5.24,
+    ``out.past_key_values`` before (read without the newer versions' deprecation warning)."""
+    names = [f.name for f in dataclasses.fields(out)] if dataclasses.is_dataclass(out) else []
+    return getattr(out, "cache" if "cache" in names else "past_key_values")
 
 
 def _integer(name: str, value, minimum: int, below: Optional[int] = None) -> int:
@@ -480,7 +523,7 @@ def _forward(model, t: _Target, batch, want_cache: bool, logits_of: Optional[np.
 
         hooks += [layer.register_forward_hook(tick) for layer in layers]
     try:
-        out = model(**inputs, past_key_values=cache, use_cache=want_cache)
+        out = model(**inputs, **{t.cache_argument: cache}, use_cache=want_cache)
     finally:
         for h in hooks:
             h.remove()
@@ -790,7 +833,7 @@ def padded_prefill(model, prompts, *, pad_token_id: int = 0, attention_mask=None
     position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
                 logits_to_keep=1)
-    return PrefillResult(logits=out.logits[:, -1], cache=out.past_key_values, attention_mask=mask,
+    return PrefillResult(logits=out.logits[:, -1], cache=_output_cache(out), attention_mask=mask,
                          input_ids=ids)
 
 
@@ -934,8 +977,9 @@ def score(model, sequences, n_targets, *, capacity: Optional[int] = None, method
 
 # Inputs of the model that generate makes from the prompts: given as well, model.generate would
 # ignore them or mix them with the prefilled batch.
-_MODEL_INPUTS = ("input_ids", "inputs", "inputs_embeds", "past_key_values", "position_ids",
-                 "cache_position", "token_type_ids", "labels", "decoder_input_ids")
+_MODEL_INPUTS = ("input_ids", "inputs", "inputs_embeds", "past_key_values", "cache",
+                 "position_ids", "cache_position", "token_type_ids", "labels",
+                 "decoder_input_ids")
 
 
 class _Progress:
@@ -1014,7 +1058,8 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     num_return_sequences below 1, a pad_token_id outside the vocabulary (without one, the first
     EOS in the vocabulary pads, else 0) and a prompt not below max_length (without
     max_new_tokens); TypeError for a model input it makes from the prompts given too (input_ids,
-    inputs_embeds, past_key_values, position_ids, cache_position, token_type_ids, labels).
+    inputs_embeds, past_key_values or cache, position_ids, cache_position, token_type_ids,
+    labels).
 
     Assisted decoding (``assistant_model``, ``prompt_lookup_num_tokens``, ``assistant_early_exit``)
     and ``token_healing`` run ``model.generate`` on each prompt alone, without the prefill:
@@ -1025,7 +1070,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     for name in _MODEL_INPUTS:
         if name in generate_kwargs:
             why = ("it prefills the prompts' cache itself and continues no other (continue "
-                   "prefill(...).cache with model.generate)" if name == "past_key_values" else
+                   "prefill(...).cache with model.generate)" if name in ("past_key_values", "cache") else
                    "it makes the model's inputs from prompts (token ids, positions, the mask and "
                    "the prefilled cache)")
             raise TypeError(f"{name}: prepack.hf.generate takes no {name}: {why}")
@@ -1173,7 +1218,7 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
             if room is not None:
                 kwargs["max_new_tokens"] = steps[k]
             if caches[k] is not None:
-                kwargs["past_key_values"] = caches[k]
+                kwargs[t.cache_argument] = caches[k]
                 caches[k] = None
             if kwargs.get("prefix_allowed_tokens_fn") is not None:
                 kwargs["prefix_allowed_tokens_fn"] = _prefix_fn(

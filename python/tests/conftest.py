@@ -86,3 +86,18 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("what the oracles checked")
         for line in _REPORT:
             terminalreporter.write_line(line)
+
+
+def cache_argument(model):
+    """The keyword under which transformers' model takes its KV cache: ``cache`` from
+    transformers 5.24 (``past_key_values`` there is deprecated), ``past_key_values`` before."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(model.forward).parameters \
+        else "past_key_values"
+
+
+def output_cache(out):
+    """The cache in a transformers model output: ``out.cache`` from 5.24, ``past_key_values``
+    before (the old name still answers there, with a deprecation warning)."""
+    return out.get("cache", out.get("past_key_values"))

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from conftest import need, real_model_file, report
+from conftest import need, output_cache, real_model_file, report
 
 torch = need("torch", whole_file=True)
 transformers = need("transformers", whole_file=True)
@@ -52,7 +52,7 @@ def test_real_model_prepacked_equals_alone(model_and_tokenizer, impl):
         dl = max(dl, (result.logits[i] - out.logits[0, -1]).abs().max().item())
         sl = max(sl, out.logits[0, -1].abs().max().item())
         for (k1, v1), (k2, v2) in zip(hf._layer_kv(result.caches[i]),
-                                      hf._layer_kv(out.past_key_values)):
+                                      hf._layer_kv(output_cache(out))):
             dk = max(dk, (k1 - k2).abs().max().item(), (v1 - v2).abs().max().item())
             sk = max(sk, k2.abs().max().item(), v2.abs().max().item())
     report(f"{impl}: logits {dl / sl:.2e}, KV {dk / sk:.2e} of their scale")
@@ -75,9 +75,13 @@ def test_token_healing_generates_each_prompt_alone(model_and_tokenizer):
     texts = ["The link is http", "Water boils at", "A list: 1. apples, 2"]
     prompts = [tok(t)["input_ids"] for t in texts]
     common = dict(max_new_tokens=5, do_sample=False, pad_token_id=tok.eos_token_id)
-    got = hf.generate(model, prompts, tokenizer=tok, token_healing=True, **common)
-    for p, g in zip(prompts, got):
+    want = []
+    for p in prompts:
         ids = torch.tensor([p])
-        want = model.generate(ids, attention_mask=torch.ones_like(ids), tokenizer=tok,
-                              token_healing=True, **common)[0, len(p):].tolist()
-        assert g == want
+        try:
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), tokenizer=tok,
+                                 token_healing=True, **common)
+        except ValueError as e:  # transformers before 5.19 heals with a tokenizer that pads
+            pytest.skip(f"transformers' own token healing fails on this tokenizer: {e}")
+        want.append(out[0, len(p):].tolist())
+    assert hf.generate(model, prompts, tokenizer=tok, token_healing=True, **common) == want
