@@ -783,6 +783,65 @@ def test_flash_varlen_equals_alone():
         assert scale_of(r.logits[i] - want) / scale_of(want) < 2e-2
 
 
+def flash_semantics(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                    sliding_window=None, softcap=None, **kwargs):
+    """flash-attn's attention as transformers calls it, in plain torch on any device: causal
+    aligned to the last keys (the queries are the last q_len positions), a window of
+    sliding_window keys, the 2-D padding mask transformers gives it (its keys' columns), and with
+    cu_seq_lens_q / _k (one packed row) a causal block per sequence. Returns [b, q, heads, d]."""
+    b, heads, q_len, d = query.shape
+    key = key.repeat_interleave(heads // key.shape[1], 1)
+    value = value.repeat_interleave(heads // value.shape[1], 1)
+    kv_len = key.shape[2]
+    q_at = torch.arange(q_len)[:, None] + (kv_len - q_len)
+    k_at = torch.arange(kv_len)[None, :]
+    allowed = k_at <= q_at
+    if sliding_window is not None:
+        allowed = allowed & (q_at - k_at < sliding_window)
+    allowed = allowed.expand(b, 1, q_len, kv_len)
+    cu = kwargs.get("cu_seq_lens_q")
+    if cu is not None:
+        assert torch.equal(cu, kwargs["cu_seq_lens_k"]) and b == 1 and q_len == kv_len
+        assert int(kwargs["max_length_q"]) == int((cu[1:] - cu[:-1]).max())
+        seq = torch.bucketize(torch.arange(kv_len), cu[1:-1].cpu(), right=True)
+        allowed = allowed & (seq[:, None] == seq[None, :])
+    if attention_mask is not None:
+        assert attention_mask.dim() == 2
+        allowed = allowed & attention_mask[:, None, None, -kv_len:].bool()
+    scores = query @ key.transpose(-1, -2) * (scaling if scaling is not None else d ** -0.5)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num()
+    return (weights @ value).transpose(1, 2), None
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral"])
+def test_varlen_path_on_flash_semantics(name, monkeypatch):
+    """The flash_attention_2 path (every prompt in one row without pads, cu_seq_lens from prepack,
+    no mask; the caches gathered from that row; generate decoding from them) run on a CPU, with
+    flash-attn's semantics in plain torch (flash_semantics) standing in for its CUDA kernel:
+    logits and caches as each prompt alone under eager attention, the batch cache as
+    transformers' own after a padded prefill, greedy tokens as model.generate alone."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._local_mapping, "flash_attention_2",
+                        flash_semantics)
+    m = family(name)
+    m.config._attn_implementation = "flash_attention_2"
+    prompts = heavy_prompts()
+    logits, batch_kv, prompt_kv, r = compare_prefill(m, prompts)
+    report(f"{name} varlen (flash semantics): logits {logits:.1e}, batch cache {batch_kv:.1e}, "
+           f"prompt caches {prompt_kv:.1e} of their scale")
+    assert r.batch.n_rows == 1 and r.batch.width == sum(map(len, prompts))
+    assert logits < 1e-4 and batch_kv < 1e-4 and prompt_kv < 1e-4
+    m.config._attn_implementation = "eager"
+    want = [generate_alone(m, p, max_new_tokens=5, do_sample=False) for p in prompts]
+    m.config._attn_implementation = "flash_attention_2"
+    for k in (1, 3):
+        assert hf.generate(m, prompts, 5, do_sample=False, pad_token_id=0,
+                           decode_batches=k) == want, k
+
+
 def test_progress_bars(capsys, monkeypatch):
     from tqdm.auto import tqdm
     update = tqdm.update
