@@ -3,7 +3,7 @@
 # build isolation, as a machine without network access needs; the nanobind module only), then runs
 # bench/bench_hf.py on CUDA (bf16, Sheared-LLaMA-1.3B's shape, 64 and 256 prompts; 7B's shape at
 # 64 with --7b), writing bench/results/hf-cuda.md and .csv, then bench/bench_lm_eval.py where
-# lm_eval is installed. Needs torch with CUDA, transformers,
+# lm_eval is installed. Needs torch with CUDA, transformers >= 5.14,
 # nanobind and scikit-build-core (or CMake >= 3.25 and a C++17 compiler, used directly when
 # scikit-build-core is missing).
 #   bench/gpu_hf.sh [--7b] [more bench_hf.py arguments]
