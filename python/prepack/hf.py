@@ -122,7 +122,7 @@ class _Target:
     vocab_size: int
     layer_types: List[str]  # [n_layers]  transformers' type of each cached layer
     windows: Dict[str, Optional[int]]  # layer type -> its sliding window (None: full)
-    cache_argument: str = "past_key_values"  # the cache's keyword in forward and generate
+    cache_argument: str  # the cache's keyword in forward and generate: cache or past_key_values
 
 
 def _text_config(model):
@@ -168,7 +168,8 @@ def _target(model) -> _Target:
         if hasattr(module, "create_position_ids_from_input_ids"):
             raise ValueError(f"{name} ({model_type}): {path} counts positions from the padding "
                              f"index in the token ids, not from position ids starting at 0")
-    if _cache_argument(params) is None:
+    cache_argument = _cache_argument(params)
+    if cache_argument is None:
         raise ValueError(f"{name}: its forward takes no cache (neither cache nor past_key_values: "
                          f"it keeps no KV cache and builds its own causal mask), so prompts "
                          f"cannot share a row")
@@ -206,7 +207,7 @@ def _target(model) -> _Target:
     device = emb.weight.device if hasattr(emb, "weight") else model.device
     return _Target(kernel=_KERNELS[impl], impl=impl, dtype=_dtype(model), device=device,
                    vocab_size=int(vocab), layer_types=list(layer_types), windows=windows,
-                   cache_argument=_cache_argument(params) or "past_key_values")
+                   cache_argument=cache_argument)
 
 
 def _cache_argument(params) -> Optional[str]:
@@ -221,9 +222,8 @@ def _cache_argument(params) -> Optional[str]:
 
 def _output_cache(out):
     """The cache a model's output holds: ``out.cache`` from transformers 5.24,
-    ``out.past_key_values`` before (read without the newer versions' deprecation warning)."""
-    names = [f.name for f in dataclasses.fields(out)] if dataclasses.is_dataclass(out) else []
-    return getattr(out, "cache" if "cache" in names else "past_key_values")
+    ``out.past_key_values`` before (read as keys: the newer versions warn on the old attribute)."""
+    return out.get("cache", out.get("past_key_values"))
 
 
 def _integer(name: str, value, minimum: int, below: Optional[int] = None) -> int:
@@ -1026,24 +1026,24 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     honoured); ``use_cache=False`` decodes from the prefilled cache all the same (the same
     tokens as recomputing every step, at the cost of a cached decode).
 
-    decode_batches: "auto" (default, below), 1 or k > 1. 1 decodes every prompt in one batch,
-    whose cache is as wide as the longest prompt. k > 1 sorts the prompts by length and decodes
-    k batches of about n / k prompts one after another, each from its own cache only as wide as
-    its longest prompt, all gathered from the one packed prefill: a decode step reads and copies each cache whole (for
-    the concatenation and, under sdpa with grouped-query heads, once per query head), so where
-    that traffic dominates a step (a CPU, heavy-tailed prompts) several narrow batches decode
-    faster; where a step's fixed cost dominates (a GPU), one batch does. Outputs are the same
-    (token lists only: return_dict_in_generate and streamers take one batch). "auto": on a CPU,
-    the length-sorted batches that minimise a decode step's modelled cost, each batch a fixed
-    cost (a pass over the weights) plus one per cached slot (its sequences times its columns,
-    full-attention layers' keys and values, copied once for the concatenation and twice per
-    query head; constants fitted on 2 CPU cores, see docs/python.md), chosen exactly over every
-    split by length (O(L^2), L distinct lengths), so prompts of one length decode in one batch.
-    It changes the time only: one batch on a GPU, and wherever the batching shows in the output
-    or to what the caller passed: sampling (one batch draws as ``model.generate`` on the padded
-    batch with the same seed; a split draws otherwise), return_dict_in_generate, a streamer, the
-    caller's stopping_criteria or logits_processor (they get the batch's rows) and max_time (it
-    bounds the whole call). With k > 1, sampled outputs depend on the batching.
+    decode_batches: "auto" (default, below), 1 or k > 1. 1 decodes every prompt in one batch, whose
+    cache is as wide as the longest prompt. k > 1 sorts the prompts by length and decodes k batches
+    of about n / k prompts one after another, each from its own cache only as wide as its longest
+    prompt, all gathered from the one packed prefill: a decode step reads and copies each cache
+    whole (for the concatenation and, under sdpa with grouped-query heads, once per query head), so
+    where that traffic dominates a step (a CPU, heavy-tailed prompts) several narrow batches decode
+    faster; where a step's fixed cost dominates (a GPU), one batch does. Outputs are the same (token
+    lists only: return_dict_in_generate and streamers take one batch). "auto": on a CPU, the
+    length-sorted batches that minimise a decode step's modelled cost, each batch a fixed cost (a
+    pass over the weights) plus one per cached slot (its sequences times its columns, full-attention
+    layers' keys and values, copied once for the concatenation and twice per query head; constants
+    fitted on 2 CPU cores, see docs/python.md), chosen exactly over every split by length (O(L^2), L
+    distinct lengths), so prompts of one length decode in one batch. It changes the time only: one
+    batch on a GPU, and wherever the batching shows in the output or to what the caller passed:
+    sampling (one batch draws as ``model.generate`` on the padded batch with the same seed; a split
+    draws otherwise), return_dict_in_generate, a streamer, the caller's stopping_criteria or
+    logits_processor (they get the batch's rows) and max_time (it bounds the whole call). With
+    k > 1, sampled outputs depend on the batching.
 
     Returns, by default, a list of the new tokens of every returned sequence (n_prompts *
     num_return_sequences lists, prompt-major), each ending where generating it alone would stop
@@ -1069,8 +1069,9 @@ def generate(model, prompts, max_new_tokens: Optional[int] = None, *, attention_
     began = time.monotonic()
     for name in _MODEL_INPUTS:
         if name in generate_kwargs:
+            is_cache = name in ("past_key_values", "cache")
             why = ("it prefills the prompts' cache itself and continues no other (continue "
-                   "prefill(...).cache with model.generate)" if name in ("past_key_values", "cache") else
+                   "prefill(...).cache with model.generate)" if is_cache else
                    "it makes the model's inputs from prompts (token ids, positions, the mask and "
                    "the prefilled cache)")
             raise TypeError(f"{name}: prepack.hf.generate takes no {name}: {why}")
