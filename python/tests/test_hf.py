@@ -792,9 +792,9 @@ def flash_semantics(module, query, key, value, attention_mask, dropout=0.0, scal
     b, heads, q_len, d = query.shape
     key = key.repeat_interleave(heads // key.shape[1], 1)
     value = value.repeat_interleave(heads // value.shape[1], 1)
-    kv_len = key.shape[2]
-    q_at = torch.arange(q_len)[:, None] + (kv_len - q_len)
-    k_at = torch.arange(kv_len)[None, :]
+    kv_len, dev = key.shape[2], query.device
+    q_at = torch.arange(q_len, device=dev)[:, None] + (kv_len - q_len)
+    k_at = torch.arange(kv_len, device=dev)[None, :]
     allowed = k_at <= q_at
     if sliding_window is not None:
         allowed = allowed & (q_at - k_at < sliding_window)
@@ -803,7 +803,7 @@ def flash_semantics(module, query, key, value, attention_mask, dropout=0.0, scal
     if cu is not None:
         assert torch.equal(cu, kwargs["cu_seq_lens_k"]) and b == 1 and q_len == kv_len
         assert int(kwargs["max_length_q"]) == int((cu[1:] - cu[:-1]).max())
-        seq = torch.bucketize(torch.arange(kv_len), cu[1:-1].cpu(), right=True)
+        seq = torch.bucketize(torch.arange(kv_len, device=dev), cu[1:-1], right=True)
         allowed = allowed & (seq[:, None] == seq[None, :])
     if attention_mask is not None:
         assert attention_mask.dim() == 2
