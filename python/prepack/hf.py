@@ -1301,12 +1301,25 @@ class _Unpadded:
     shorter than min_length without its pads; "bos" (forced_bos_token_id) forces BOS at the first
     step of each row of one token without its pads, as alone; "eos" (forced_eos_token_id under a
     max_length that bounds each row on its own) forces EOS at each row's own last step. Cost per
-    step: one [rows, longest pad] select."""
+    step: one [rows, longest pad] select, or for "bos" / "eos" one [rows, vocab] select against
+    a forced row made once."""
 
     def __init__(self, inner, pads: torch.Tensor, fill: str, max_length: Optional[int] = None):
         self.inner, self.pads, self.fill, self.max_length = inner, pads, fill, max_length
         self.width = int(pads.max())
         self._rows: Dict[Tuple[torch.device, int], Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._row: Optional[Tuple[Tuple[torch.device, torch.dtype, int], torch.Tensor]] = None
+
+    def _forced(self, scores: torch.Tensor) -> torch.Tensor:
+        """[vocab]: -inf but 0 on the forced token(s), made once per device, dtype and vocab."""
+        key = (scores.device, scores.dtype, scores.shape[-1])
+        if self._row is None or self._row[0] != key:
+            row = torch.full(scores.shape[-1:], -math.inf, dtype=scores.dtype,
+                             device=scores.device)
+            row[self.inner.bos_token_id if self.fill == "bos" else
+                self.inner.eos_token_id.to(scores.device)] = 0
+            self._row = (key, row)
+        return self._row[1]
 
     def _row_pads(self, device, rows: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """(pads [rows], pad columns [rows, width]) for generate's rows (each prompt's rows
@@ -1331,12 +1344,7 @@ class _Unpadded:
             own = input_ids.shape[-1] - pads
             last = 1 if self.fill == "bos" else int(self.max_length or 0) - 1
             at: torch.Tensor = own == last
-            forced = torch.full_like(scores, -math.inf)
-            if self.fill == "bos":
-                forced[:, self.inner.bos_token_id] = 0
-            else:
-                forced[:, self.inner.eos_token_id.to(scores.device)] = 0
-            return torch.where(at[:, None], forced, scores)
+            return torch.where(at[:, None], self._forced(scores)[None, :], scores)
         if self.fill == "first":
             filler = input_ids.gather(1, pads[:, None])
         else:
