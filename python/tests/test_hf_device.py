@@ -169,30 +169,49 @@ def test_the_stand_in_catches_what_cuda_refuses():
     assert mode.largest_h2d() == 64 * 64 and mode.d2h == [(mode.d2h[0][0], 12)]
 
 
-def test_the_gpu_benchmark_runs_its_cuda_path(tmp_path, monkeypatch):
-    """bench/bench_hf.py --device cuda (what bench/gpu_hf.sh runs on a GPU), end to end on the
-    virtual device with a tiny model: bf16, every prepack row, the padded baselines,
-    transformers' padding-free forward under sdpa, the checks and the report. The CUDA runtime's
-    answers are stubbed (synchronize: nothing to wait for; memory counters: 0). Not run here:
-    flex_attention (compiled) and transformers' continuous batching (CUDA streams and graphs);
-    their rows stay empty."""
+
+@pytest.fixture
+def cuda_runtime(monkeypatch):
+    """The CUDA runtime's answers stubbed for the benchmarks' own calls (synchronize: nothing to
+    wait for; memory counters: 0; one device), and Module.to("cuda") as to_device."""
+    for name, value in (("is_available", lambda: True), ("device_count", lambda: 1),
+                        ("current_device", lambda: 0), ("synchronize", lambda *a: None),
+                        ("memory_allocated", lambda *a: 0), ("max_memory_allocated", lambda *a: 0),
+                        ("reset_peak_memory_stats", lambda *a: None),
+                        ("empty_cache", lambda: None), ("get_device_name", lambda *a: "virtual")):
+        monkeypatch.setattr(torch.cuda, name, value)
+    to = torch.nn.Module.to
+
+    def module_to(self, *args, **kwargs):
+        device = args[0] if args else kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            return to_device(self)
+        return to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", module_to)
+
+
+def bench_module(name):
+    import importlib
     import os
     import sys
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
     try:
-        import bench_hf
+        return importlib.import_module(name)
     finally:
         sys.path.pop(0)
-    cuda = torch.cuda
-    for name, value in (("is_available", lambda: True), ("synchronize", lambda *a: None),
-                        ("memory_allocated", lambda *a: 0), ("max_memory_allocated", lambda *a: 0),
-                        ("reset_peak_memory_stats", lambda *a: None),
-                        ("empty_cache", lambda: None), ("get_device_name", lambda *a: "virtual")):
-        monkeypatch.setattr(cuda, name, value)
-    to = torch.nn.Module.to
-    monkeypatch.setattr(torch.nn.Module, "to", lambda self, *a, **k: to_device(self)
-                        if a and str(a[0]).startswith("cuda") else to(self, *a, **k))
+
+
+def test_the_gpu_benchmark_runs_its_cuda_path(tmp_path, monkeypatch, cuda_runtime):
+    """bench/bench_hf.py --device cuda (what bench/gpu_hf.sh runs on a GPU), end to end on the
+    virtual device with a tiny model: bf16, every prepack row, the padded baselines,
+    transformers' padding-free forward under sdpa, the checks and the report. Not run here:
+    flex_attention (compiled) and transformers' continuous batching (CUDA streams and graphs);
+    their rows stay empty."""
+    import sys
+
+    bench_hf = bench_module("bench_hf")
     padding_free = bench_hf.padding_free_method
     monkeypatch.setattr(bench_hf, "padding_free_method", lambda t, m, p: (
         (None, None, None) if m.config._attn_implementation == "flex_attention"
@@ -212,3 +231,47 @@ def test_the_gpu_benchmark_runs_its_cuda_path(tmp_path, monkeypatch):
     # nothing larger than the padded baseline's token grid (12 prompts of at most 512 tokens)
     # crosses from the host: no mask of the packed rows
     assert mode.largest_h2d() <= 12 * 512
+
+
+def test_the_evaluation_benchmark_runs_its_cuda_path(tmp_path, monkeypatch, cuda_runtime):
+    """bench/bench_lm_eval.py --device cuda (gpu_hf.sh's second step), its smoke run on the
+    virtual device: lm-evaluation-harness's own HFLM at batch 32 and --model prepack at auto load
+    the model onto the device, answer every request, and agree request by request (the
+    benchmark's own check, bf16); each method runs in this process instead of a child."""
+    import contextlib
+    import copy
+    import io
+    import json
+    import sys
+
+    need("lm_eval")
+    bench = bench_module("bench_lm_eval")
+    load = transformers.AutoModelForCausalLM.from_pretrained.__func__
+
+    def from_pretrained(cls, *args, **kwargs):
+        kwargs.pop("device_map", None)  # loaded on the host (in worker threads), then moved
+        return to_device(load(cls, *args, **kwargs))
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        classmethod(from_pretrained))
+    modes = []
+
+    def run_child(args, method):
+        args = copy.copy(args)
+        args.child = method
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), virtual_cuda() as mode:
+            bench.child(args)
+        modes.append(mode)
+        return json.loads(out.getvalue().strip().splitlines()[-1])
+
+    monkeypatch.setattr(bench, "run_child", run_child)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(sys, "argv", ["bench_lm_eval.py", "--device", "cuda", "--smoke",
+                                      "--methods", "hf:32,prepack:auto",
+                                      "--out", str(tmp_path)])
+    bench.main()
+    text = (tmp_path / "lm-eval-cuda-smoke.md").read_text()
+    assert "| --model prepack, batch auto | 96 |" in text and "| --model hf, batch 32 | 96 |" in text
+    assert len(modes) == 2 and all(m.h2d for m in modes)

@@ -139,13 +139,14 @@ def virtual_cuda() -> Iterator[VirtualDevice]:
 
 
 def to_device(model: torch.nn.Module) -> torch.nn.Module:
-    """The model with every parameter and buffer an OnDevice tensor (in place, returned)."""
+    """The model with every parameter and buffer an OnDevice tensor (in place, returned; those
+    on the device already are kept)."""
     for module in model.modules():
         for name, p in list(module._parameters.items()):
-            if p is not None:
+            if p is not None and not isinstance(p, OnDevice):
                 module._parameters[name] = torch.nn.Parameter(OnDevice(p.data), requires_grad=False)
         for name, b in list(module._buffers.items()):
-            if b is not None:
+            if b is not None and not isinstance(b, OnDevice):
                 module._buffers[name] = OnDevice(b)
     return model
 
