@@ -657,11 +657,14 @@ def main():
                 f"{ph} {r[f'{ph}_s']:.3f} s" for ph in PHASES if r[f"{ph}_s"] is not None),
                 flush=True)
         trim()
-    busy1, own1 = cpu_seconds()
-    wall = max(time.time() - wall0, 1e-9)
-    other = max(0.0, (busy1 - busy0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
-    write_report(args, rows, overhead, other, shares)
-    print(f"report written to {args.out}/hf-{args.device.type}.md")
+        # the report so far, rewritten after each prompt count: a run cut short (a time limit on
+        # a lent GPU) keeps the counts it finished
+        busy1, own1 = cpu_seconds()
+        wall = max(time.time() - wall0, 1e-9)
+        other = max(0.0, (busy1 - busy0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
+        write_report(args, rows, overhead, other, shares)
+        print(f"report written to {args.out}/hf-{args.device.type}.md ({n} prompts done, "
+              f"{wall:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
