@@ -236,13 +236,18 @@ def padding_free_method(torch, model, prompts):
 
 
 def continuous_method(transformers, model, prompts, new_tokens):
+    import inspect
+
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     # Its paged cache sized to the workload (every request's pages, prompt and new tokens), not
-    # to most of the free memory, its default.
+    # to most of the free memory, its default. The page size is block_size before transformers
+    # 5.19.
     page = 256
     blocks = sum(-(-(len(p) + new_tokens) // page) for p in prompts) + len(prompts)
-    cb = ContinuousBatchingConfig(page_size=page, num_blocks=blocks)
+    size = ("page_size" if "page_size" in inspect.signature(ContinuousBatchingConfig).parameters
+            else "block_size")
+    cb = ContinuousBatchingConfig(**{size: page}, num_blocks=blocks)
 
     def run(n):
         gc_ = transformers.GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False,
