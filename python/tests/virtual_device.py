@@ -15,8 +15,11 @@ copied shows up as a copy of rows x width^2 elements.
 
 What it cannot see: CUDA's own kernels (the values are the CPU kernels'; where CUDA takes a dtype
 the CPU kernel does not, histc of integers, the CPU kernel runs on a float copy), compiled code
-(torch.compile and flex attention's higher-order operator are refused), streams and events."""
+(torch.compile is off inside virtual_cuda(); flex attention's higher-order operator runs
+uncompiled, its functions over the values, once every tensor it is given or its functions hold
+is checked to be on the device), streams and events."""
 import contextlib
+import types
 from typing import Iterator, List, Tuple
 
 import torch
@@ -65,6 +68,8 @@ class OnDevice(torch.Tensor):
 class VirtualDevice(TorchDispatchMode):
     """Runs operations on OnDevice tensors on the CPU with CUDA's device rules (module doc)."""
 
+    supports_higher_order_operators = True
+
     def __init__(self):
         super().__init__()
         self.h2d: List[Tuple[str, int]] = []
@@ -72,6 +77,8 @@ class VirtualDevice(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return _higher_order(func, args, kwargs)
         on_device = False
         host: List[torch.Tensor] = []
 
@@ -115,6 +122,31 @@ class VirtualDevice(TorchDispatchMode):
         return max((n for _, n in self.h2d), default=0)
 
 
+def _higher_order(func, args, kwargs):
+    """A higher-order operator (flex attention) on the CPU: every tensor it is given, and every
+    tensor its functions (score_mod, mask_mod) close over, must be on the device, as compiled
+    CUDA code needs; it then runs on the values, its functions rebuilt over them."""
+    host: List[torch.Tensor] = []
+
+    def unwrap(x):
+        if isinstance(x, OnDevice):
+            return x.inner
+        if isinstance(x, torch.Tensor) and x.dim() > 0:
+            host.append(x)
+        if isinstance(x, types.FunctionType) and x.__closure__:
+            cells = tuple(types.CellType(unwrap(c.cell_contents)) for c in x.__closure__)
+            return types.FunctionType(x.__code__, x.__globals__, x.__name__, x.__defaults__, cells)
+        return x
+
+    args, kwargs = tree_map(unwrap, (args, kwargs))
+    if host:
+        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least "
+                           f"two devices, {DEVICE} and cpu! ({func}: host tensors of shapes "
+                           f"{[tuple(h.shape) for h in host]})")
+    out = func(*args, **kwargs)
+    return tree_map(lambda x: OnDevice(x) if isinstance(x, torch.Tensor) else x, out)
+
+
 _UNRECORDED = VirtualDevice()
 
 
@@ -131,11 +163,27 @@ def virtual_cuda() -> Iterator[VirtualDevice]:
     # layers use torch._grouped_mm from 8.0)
     torch.cuda.get_device_capability = lambda device=None: (7, 5)
     try:
-        with VirtualDevice() as mode:
+        with uncompiled(), VirtualDevice() as mode:
             yield mode
     finally:
         torch.cuda._lazy_init, torch.cuda.get_device_capability = lazy_init, capability
         torch._C._set_only_lift_cpu_tensors(lift)
+
+
+@contextlib.contextmanager
+def uncompiled() -> Iterator[None]:
+    """torch.compile off: compiled functions, flex attention's among them, run as written
+    (torch.compile cannot trace under a dispatch mode)."""
+    from torch.nn.attention import flex_attention
+
+    dynamo = torch._dynamo.config.disable
+    flex = flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG
+    torch._dynamo.config.disable = flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+    try:
+        yield
+    finally:
+        torch._dynamo.config.disable = dynamo
+        flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = flex
 
 
 def to_device(model: torch.nn.Module) -> torch.nn.Module:
