@@ -4,9 +4,9 @@ operation that mixes them with host tensors, or reads them through numpy, fails 
 
 For every decoder family and each attention path (eager, sdpa, flex attention uncompiled and the
 flash varlen path, whose kernel is flash-attn's semantics in plain torch), prefill (batch cache,
-per-prompt caches, none) and score, and except under flex generate (greedy, sampled, with
-prompt-reading processors, several sequences per prompt, the dict output, several decode batches)
-run with everything on the model's device:
+per-prompt caches, none), score and generate (greedy, sampled, with prompt-reading processors,
+several sequences per prompt, the dict output, several decode batches) run with everything on the
+model's device:
 - no operation mixes devices (the mode raises as CUDA does);
 - what crosses from the host is O(tokens): token ids, positions, slot indices; never a mask
   (the largest copy is smaller than one packed row's width squared);
@@ -39,9 +39,9 @@ def cache_tensors(cache):
     return [t for layer in cache.layers for t in (layer.keys, layer.values)]
 
 
-def calls(prompts, decode=True):
+def calls(prompts):
     """(name, call(model)) for every call checked, each returning host-comparable results and the
-    tensors that must lie on the device; without decode, the prefills and score only."""
+    tensors that must lie on the device."""
     n = len(prompts)
     sequences = [p + [7, 11] for p in prompts]
 
@@ -97,10 +97,10 @@ def calls(prompts, decode=True):
         g = hf.generate(m, ids.to(d), 3, attention_mask=mask.to(d), do_sample=False)
         return [r.logits, g], [r.logits]
 
-    prefills = [("prefill batch", prefill_batch), ("prefill prompts", prefill_prompts),
-                ("prefill none", prefill_none), ("score", scored)]
-    return prefills + ([("greedy", greedy), ("processors", processors), ("sampled", sampled),
-                        ("dict", as_dict), ("device inputs", device_inputs)] if decode else [])
+    return [("prefill batch", prefill_batch), ("prefill prompts", prefill_prompts),
+            ("prefill none", prefill_none), ("score", scored), ("greedy", greedy),
+            ("processors", processors), ("sampled", sampled), ("dict", as_dict),
+            ("device inputs", device_inputs)]
 
 
 def same(a, b, what):
@@ -130,8 +130,7 @@ def test_everything_on_the_models_device(name, impl, monkeypatch):
     supported(m, impl)
     m.config._attn_implementation = impl
     prompts = heavy_prompts(8, seed=4)
-    # flex decoding compiles a kernel per cache length on a CPU: its prefills only
-    checks = calls(prompts, decode=impl != "flex_attention")
+    checks = calls(prompts)
     want = []
     with uncompiled():  # the same uncompiled flex kernel as on the virtual device
         for what, call in checks:
