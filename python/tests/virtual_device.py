@@ -9,8 +9,8 @@ them computes on the CPU, and what CUDA refuses is refused the same way:
   (CUDA takes host scalars, 0-d tensors and, for advanced indexing, host indices; so does this);
 - ``.numpy()`` (and so ``np.asarray``) of an ``OnDevice`` tensor.
 
-The mode records each host-to-device copy (``h2d``) and device-to-host copy (``d2h``) with its
-number of elements, so a test can bound what crosses the bus: a causal mask built on the host and
+The mode records each host-to-device copy (``h2d``: ``.to()``, ``copy_`` into a device tensor) and
+device-to-host copy (``d2h``) with its number of elements, so a test can bound what crosses the bus: a causal mask built on the host and
 copied shows up as a copy of rows x width^2 elements.
 
 What it cannot see: CUDA's own kernels (the values are the CPU kernels'; where CUDA takes a dtype
@@ -91,6 +91,7 @@ class VirtualDevice(TorchDispatchMode):
                 host.append(x)
             return x
 
+        into_device = bool(args) and isinstance(args[0], OnDevice)
         args, kwargs = tree_map(unwrap, (args, kwargs))
         device = kwargs.get("device")
         device = None if device is None else torch.device(device)
@@ -104,6 +105,8 @@ class VirtualDevice(TorchDispatchMode):
             elif on_device and device is not None and device.type == "cpu":
                 self.d2h.append((str(func), args[0].numel()))
                 return func(*args, **kwargs)
+        elif name == "copy_" and into_device and host and host[0] is args[1]:
+            self.h2d.append((str(func), args[1].numel()))  # a host tensor copied in
         elif on_device and host and name not in _HOST_INDICES:
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at "
                                f"least two devices, {DEVICE} and cpu! ({func}: host tensors of "
