@@ -488,6 +488,25 @@ def unpack_share(args, torch, hf, model, prompts):
     return fwd, gat
 
 
+def cpu_name():
+    """The CPU's model name and its widest vector instructions (the kernels differ by them)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = ("AVX-512, AMX" if {"avx512f", "amx_tile"} <= flags else "AVX-512" if "avx512f" in flags
+           else "AVX2" if "avx2" in flags else None)
+    return f"{name} ({isa})" if isa else name
+
+
 def write_report(args, rows, overhead, other_share, shares):
     os.makedirs(args.out, exist_ok=True)
     tag = args.device.type
@@ -496,7 +515,7 @@ def write_report(args, rows, overhead, other_share, shares):
         w.writeheader()
         w.writerows(rows)
     dev = (args.torch.cuda.get_device_name(0) if tag == "cuda"
-           else f"{platform.processor() or platform.machine()}, {args.threads} threads")
+           else f"{cpu_name()}, {args.threads} threads")
     lines = [f"## Hugging Face transformers on {tag.upper()}: padded, length-sorted, prepack and "
              f"transformers' own batching, side by side", "",
              f"{dev}; torch {args.torch.__version__}, transformers {args.transformers_version}, "
