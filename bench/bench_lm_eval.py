@@ -27,7 +27,6 @@ import csv
 import json
 import math
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -36,7 +35,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_hf import SHAPES, status_kb, trim  # noqa: E402
+from bench_hf import SHAPES, cpu_name, status_kb, trim  # noqa: E402
 
 SYLLABLES = ("ka ri to ne ma su lo vi de pa ren tal ist ory ing ment con pro ver sa tion ble "
              "mi cro eco nom ics phy bio che mis try law gen eral his tor al sci ence").split()
@@ -185,13 +184,7 @@ def machine(args):
         import torch
 
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    cpu = platform.processor() or platform.machine()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return f"{cpu}, {os.cpu_count()} threads"
+    return f"{cpu_name()}, {os.cpu_count()} threads"
 
 
 def main():
