@@ -3,8 +3,9 @@
 #   else the environment .ci/fetch-oracles makes, $PREPACK_CACHE/venv (default
 #   $XDG_CACHE_HOME/prepack or ~/.cache/prepack), when it exists;
 #   else the first python3 CMake finds.
-# Sets PREPACK_PYTHON_FOUND, Python_EXECUTABLE and, when that Python has nanobind,
-# PREPACK_HAVE_NANOBIND (nanobind's CMake package found) or PREPACK_NANOBIND_WHY.
+# Sets PREPACK_PYTHON_FOUND, Python_EXECUTABLE and, when PREPACK_PYTHON is on and that Python
+# has nanobind, PREPACK_HAVE_NANOBIND (nanobind's CMake package found) or PREPACK_NANOBIND_WHY.
+# The tests alone (the oracles) need only the interpreter: nanobind is not asked for then.
 macro(prepack_find_python)
   if(NOT DEFINED Python_EXECUTABLE AND NOT DEFINED ENV{VIRTUAL_ENV})
     if(DEFINED ENV{PREPACK_CACHE} AND NOT "$ENV{PREPACK_CACHE}" STREQUAL "")
@@ -24,6 +25,8 @@ macro(prepack_find_python)
   set(PREPACK_HAVE_NANOBIND OFF)
   if(NOT Python_Interpreter_FOUND)
     set(PREPACK_NANOBIND_WHY "no Python interpreter found")
+  elseif(NOT PREPACK_PYTHON)
+    set(PREPACK_NANOBIND_WHY "PREPACK_PYTHON is OFF")
   elseif(NOT Python_Development.Module_FOUND)
     set(PREPACK_NANOBIND_WHY "no Python headers for ${Python_EXECUTABLE} (apt-get install python3-dev)")
   else()
